@@ -1,0 +1,23 @@
+# Third-party dependencies, all from Debian packages (scripts/install-deps.sh installs them).
+find_package(fmt CONFIG REQUIRED)
+find_package(nlohmann_json CONFIG REQUIRED)
+find_package(CLI11 CONFIG REQUIRED)
+find_package(hwy CONFIG REQUIRED)
+find_package(Threads REQUIRED)
+if(MLAKV_BUILD_TESTS)
+  find_package(GTest CONFIG REQUIRED)
+endif()
+if(MLAKV_BUILD_BENCH)
+  find_package(benchmark CONFIG REQUIRED)
+endif()
+
+# NVIDIA's host-callable fp8/fp4/bf16 conversions are the independent oracle of the
+# number-format tests; they are header-only, so the toolkit's include dir is enough.
+find_path(MLAKV_CUDA_FP_HEADERS_DIR cuda_fp8.h
+  HINTS ENV CUDA_PATH /usr/local/cuda
+  PATH_SUFFIXES include targets/x86_64-linux/include)
+if(MLAKV_CUDA_FP_HEADERS_DIR AND EXISTS "${MLAKV_CUDA_FP_HEADERS_DIR}/cuda_fp4.h")
+  set(MLAKV_HAVE_CUDA_FP_HEADERS ON)
+else()
+  set(MLAKV_HAVE_CUDA_FP_HEADERS OFF)
+endif()

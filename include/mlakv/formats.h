@@ -1,0 +1,123 @@
+// The four MLA KV record formats: one record = one token of one layer.
+// This header is the single home of every record size and byte offset; CPU codecs,
+// the paged cache and the CUDA kernels all read them from here. The prose byte
+// tables are in docs/formats.md (keep the two in step; tests/formats_test.cc checks
+// that every region tiles its record exactly).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string_view>
+
+#include "mlakv/numerics.h"
+
+namespace mlakv {
+
+enum class KvFormat : uint8_t {
+  kBf16 = 0,              // "bf16"                 1152 B
+  kFp8DsMla = 1,          // "fp8_ds_mla"           656 B, FlashMLA V3.2 byte-compatible
+  kNvfp4DsMla = 2,        // "nvfp4_ds_mla"         432 B
+  kNvfp4DsMlaFp8Rope = 3, // "nvfp4_ds_mla_fp8rope" 368 B
+};
+inline constexpr int kNumKvFormats = 4;
+
+// MLA latent geometry the compressed records are defined for (DeepSeek/Kimi/GLM).
+inline constexpr int kLatentDim = 512;  // kv_lora_rank L
+inline constexpr int kRopeDim = 64;     // qk_rope_head_dim R
+inline constexpr int kQkDim = kLatentDim + kRopeDim;  // 576: attention "K" width
+
+namespace layout {
+
+// bf16: [0,1024) 512 bf16 latent, [1024,1152) 64 bf16 rope. (Any geometry: 2*(L+R) B.)
+namespace bf16 {
+inline constexpr int kLatentOffset = 0;
+inline constexpr int kRopeOffset = kLatentOffset + 2 * kLatentDim;  // 1024
+inline constexpr int kRecordBytes = kRopeOffset + 2 * kRopeDim;     // 1152
+static_assert(kRecordBytes == 1152);
+}  // namespace bf16
+
+// fp8_ds_mla (FlashMLA "FP8 with scale"): 512 e4m3 latent, 4 fp32 tile scales, 64 bf16 rope.
+namespace fp8_ds_mla {
+inline constexpr int kTileDim = 128;                         // dims per scale
+inline constexpr int kNumTiles = kLatentDim / kTileDim;      // 4
+inline constexpr int kLatentOffset = 0;                      // byte i = dim i
+inline constexpr int kScaleOffset = kLatentOffset + kLatentDim;          // 512
+inline constexpr int kRopeOffset = kScaleOffset + 4 * kNumTiles;         // 528
+inline constexpr int kRecordBytes = kRopeOffset + 2 * kRopeDim;          // 656
+inline constexpr float kMinScaleRatio = 1e-4f;  // FlashMLA: s = 2^ceil(log2(max(amax/448, 1e-4)))
+static_assert(kRecordBytes == 656);
+}  // namespace fp8_ds_mla
+
+// nvfp4_ds_mla: 512 e2m1 latent (two per byte, even dim in the low nibble), 32 e4m3
+// group scales (16 dims each), 16 zero bytes, 64 bf16 rope.
+namespace nvfp4_ds_mla {
+inline constexpr int kGroupDim = 16;
+inline constexpr int kNumGroups = kLatentDim / kGroupDim;          // 32
+inline constexpr int kLatentOffset = 0;
+inline constexpr int kLatentBytes = kLatentDim / 2;                // 256
+inline constexpr int kScaleOffset = kLatentOffset + kLatentBytes;  // 256
+inline constexpr int kPadOffset = kScaleOffset + kNumGroups;       // 288
+inline constexpr int kPadBytes = 16;
+inline constexpr int kRopeOffset = kPadOffset + kPadBytes;         // 304
+inline constexpr int kRecordBytes = kRopeOffset + 2 * kRopeDim;    // 432
+static_assert(kRecordBytes == 432);
+static_assert(kGroupDim / 2 == 8, "group g occupies latent bytes [8g, 8g+8)");
+}  // namespace nvfp4_ds_mla
+
+// nvfp4_ds_mla_fp8rope: bytes [0,288) as nvfp4_ds_mla, fp32 rope scale, 12 zero
+// bytes, 64 e4m3 rope.
+namespace nvfp4_ds_mla_fp8rope {
+inline constexpr int kGroupDim = nvfp4_ds_mla::kGroupDim;
+inline constexpr int kNumGroups = nvfp4_ds_mla::kNumGroups;
+inline constexpr int kLatentOffset = nvfp4_ds_mla::kLatentOffset;
+inline constexpr int kLatentBytes = nvfp4_ds_mla::kLatentBytes;
+inline constexpr int kScaleOffset = nvfp4_ds_mla::kScaleOffset;   // 256
+inline constexpr int kRopeScaleOffset = nvfp4_ds_mla::kPadOffset;  // 288
+inline constexpr int kPadOffset = kRopeScaleOffset + 4;            // 292
+inline constexpr int kPadBytes = 12;
+inline constexpr int kRopeOffset = kPadOffset + kPadBytes;         // 304
+inline constexpr int kRecordBytes = kRopeOffset + kRopeDim;        // 368
+inline constexpr float kRopeScaleFactor = 1.0f / kE4m3Max;         // rs = amax * f32(1/448)
+static_assert(kRecordBytes == 368);
+}  // namespace nvfp4_ds_mla_fp8rope
+
+// DSA indexer key cache (DeepSeek-V3.2, GLM-5): 128 fp8 + one fp32 scale per token
+// per indexer layer; vLLM stores a block's keys first, then its scales.
+namespace indexer {
+inline constexpr int kKeyDim = 128;
+inline constexpr int kRecordBytes = kKeyDim + 4;  // 132
+static_assert(kRecordBytes == 132);
+}  // namespace indexer
+
+// NVFP4 outer scale: s_l = max_abs_l / (6 * 448).
+inline constexpr double kOuterScaleDenominator = 2688.0;
+static_assert(kOuterScaleDenominator == 6.0 * 448.0);
+
+}  // namespace layout
+
+// One contiguous byte region of a record, for docs, `mlakv formats` and tests.
+struct RecordRegion {
+  int offset;
+  int bytes;
+  std::string_view what;  // "512 x fp8 e4m3fn latent, byte i = dim i"
+};
+
+struct FormatInfo {
+  KvFormat format;
+  std::string_view name;         // CLI / JSON / scale-file name
+  int record_bytes;              // at L=512, R=64
+  bool has_outer_scale;          // the nvfp4 formats take a per-layer s_l
+  std::string_view summary;
+  std::span<const RecordRegion> regions;  // tiles [0, record_bytes) in order
+};
+
+const FormatInfo& format_info(KvFormat f);
+std::span<const FormatInfo> all_formats();
+std::optional<KvFormat> parse_format(std::string_view name);
+std::string_view format_name(KvFormat f);
+// Record size for a geometry; only bf16 supports latent/rope dims other than 512/64
+// (returns -1 for the others, see codec.h for the Status-returning check).
+int record_bytes(KvFormat f, int latent_dim = kLatentDim, int rope_dim = kRopeDim);
+
+}  // namespace mlakv

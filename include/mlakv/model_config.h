@@ -1,0 +1,85 @@
+// MLA model geometry: what the cache, attention, planner and weight loader need to
+// know about a DeepSeek-V2/V3/V3.2, Kimi K2, GLM or MiniCPM3 style model. Filled by
+// a preset (model_presets.cc) or by reading a Hugging Face config.json (weights/).
+#pragma once
+
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "mlakv/status.h"
+
+namespace mlakv {
+
+enum class RopeScaling : uint8_t { kNone, kYarn, kLongRope, kLinear };
+
+struct RopeConfig {
+  double theta = 10000.0;
+  RopeScaling scaling = RopeScaling::kNone;
+  double factor = 1.0;
+  int original_max_position = 4096;
+  // YaRN (HF `_compute_yarn_parameters`)
+  double beta_fast = 32.0;
+  double beta_slow = 1.0;
+  double mscale = 1.0;
+  double mscale_all_dim = 0.0;
+  // LongRoPE (MiniCPM3)
+  std::vector<double> long_factor, short_factor;
+  // true: pairwise (x0,x1),(x2,x3)... rotation (DeepSeek/Kimi/GLM);
+  // false: half-split (x_i, x_{i+R/2}) rotation (MiniCPM3, HF default).
+  bool interleaved = true;
+};
+
+struct ModelConfig {
+  std::string name;        // preset name or the config's path
+  std::string model_type;  // config.json model_type
+  int hidden_size = 0;     // D
+  int num_layers = 0;      // decoder layers with MLA attention
+  int num_mtp_layers = 0;  // next-token-prediction layers (they cache KV too)
+  int num_heads = 0;       // H
+  int q_lora_rank = 0;     // 0: plain q_proj
+  int kv_lora_rank = 0;    // L
+  int qk_nope_head_dim = 0;  // P
+  int qk_rope_head_dim = 0;  // R
+  int v_head_dim = 0;        // V
+  double rms_norm_eps = 1e-6;
+  double kv_norm_eps = 1e-6;  // HF builds kv_a_layernorm with 1e-6 whatever rms_norm_eps says
+  RopeConfig rope;
+  // DSA indexer (V3.2 / GLM-5): number of cache layers (MTP included) that keep a
+  // 132 B/token indexer key cache; 0 for models without one.
+  int indexer_layers = 0;
+  int index_n_heads = 0;
+  int index_head_dim = 0;
+  int index_topk = 0;
+
+  int qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
+  int cache_layers() const { return num_layers + num_mtp_layers; }
+  // (P+R)^-0.5 * m^2 with m = 0.1 * mscale_all_dim * ln(factor) + 1 under YaRN with a
+  // non-zero mscale_all_dim (DeepSeek: 0.135234, Kimi K2 f=32: 0.130861, GLM-5: 0.0625).
+  double softmax_scale() const;
+  Status validate() const;  // positive dims, heads, etc.
+};
+
+// Typical deployment used by `mlakv plan` when the user gives no value.
+struct DeploymentDefaults {
+  int gpus = 1;
+  double gpu_mem_gib = 80.0;
+  int tp = 1;
+  int dcp = 1;
+  double mem_util = 0.9;
+  double reserved_gib = 0.0;  // weights + activations + graphs, per GPU
+  std::string_view note;      // where the numbers come from
+};
+
+struct ModelPreset {
+  std::string_view name;
+  ModelConfig config;
+  DeploymentDefaults deploy;
+};
+
+std::span<const ModelPreset> model_presets();
+std::optional<ModelPreset> find_model_preset(std::string_view name);
+
+}  // namespace mlakv

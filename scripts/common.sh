@@ -1,0 +1,11 @@
+# Shared by scripts/demo.sh and scripts/test.sh (sourced, not run).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+JOBS="${MLAKV_JOBS:-$(nproc 2>/dev/null || echo 2)}"
+
+mlakv_configure_and_build() {  # build_dir [cmake args...]
+  local dir="$1"; shift
+  bash "$ROOT/scripts/install-deps.sh"
+  cmake -S "$ROOT" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null
+  cmake --build "$dir" -j "$JOBS"
+}

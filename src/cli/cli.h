@@ -1,0 +1,30 @@
+// The `mlakv` command line: each subcommand registers itself on the CLI11 app and
+// leaves the action to run in `Cli::action`; main() runs it and turns a failed
+// Status into "error: ..." on stderr and a non-zero exit code.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <functional>
+#include <string>
+
+#include "mlakv/status.h"
+
+namespace mlakv::cli {
+
+struct Cli {
+  CLI::App app{"mlakv: Multi-head Latent Attention KV caches and attention"};
+  std::function<Status()> action;
+};
+
+void add_formats_command(Cli& cli);
+void add_codec_command(Cli& cli);
+void add_plan_command(Cli& cli);
+void add_demo_command(Cli& cli);
+void add_weights_commands(Cli& cli);
+
+// Prints JSON to stdout, 2-space indented.
+void print_json(const nlohmann::json& j);
+
+}  // namespace mlakv::cli

@@ -1,0 +1,68 @@
+#include "mlakv/formats.h"
+
+#include <array>
+
+namespace mlakv {
+namespace {
+
+namespace L = layout;
+
+constexpr RecordRegion kBf16Regions[] = {
+    {L::bf16::kLatentOffset, 2 * kLatentDim, "512 x bf16 latent (kv_c_normed)"},
+    {L::bf16::kRopeOffset, 2 * kRopeDim, "64 x bf16 rope (k_pe after rotary)"},
+};
+constexpr RecordRegion kFp8Regions[] = {
+    {L::fp8_ds_mla::kLatentOffset, kLatentDim, "512 x fp8 e4m3fn latent, byte i = dim i"},
+    {L::fp8_ds_mla::kScaleOffset, 4 * L::fp8_ds_mla::kNumTiles,
+     "4 x fp32 tile scale, scale t multiplies dims [128t, 128t+128)"},
+    {L::fp8_ds_mla::kRopeOffset, 2 * kRopeDim, "64 x bf16 rope, not quantized"},
+};
+constexpr RecordRegion kNvfp4Regions[] = {
+    {L::nvfp4_ds_mla::kLatentOffset, L::nvfp4_ds_mla::kLatentBytes,
+     "512 x e2m1 latent, two per byte, dim 2i in the low nibble; group g in bytes [8g, 8g+8)"},
+    {L::nvfp4_ds_mla::kScaleOffset, L::nvfp4_ds_mla::kNumGroups,
+     "32 x e4m3 group scale (16 dims each), byte 256+g"},
+    {L::nvfp4_ds_mla::kPadOffset, L::nvfp4_ds_mla::kPadBytes, "zero"},
+    {L::nvfp4_ds_mla::kRopeOffset, 2 * kRopeDim, "64 x bf16 rope (post-rotary, never scaled)"},
+};
+constexpr RecordRegion kNvfp4Fp8RopeRegions[] = {
+    {L::nvfp4_ds_mla_fp8rope::kLatentOffset, L::nvfp4_ds_mla_fp8rope::kLatentBytes,
+     "512 x e2m1 latent, as nvfp4_ds_mla"},
+    {L::nvfp4_ds_mla_fp8rope::kScaleOffset, L::nvfp4_ds_mla_fp8rope::kNumGroups,
+     "32 x e4m3 group scale, as nvfp4_ds_mla"},
+    {L::nvfp4_ds_mla_fp8rope::kRopeScaleOffset, 4, "fp32 rope scale rs = amax_rope * f32(1/448)"},
+    {L::nvfp4_ds_mla_fp8rope::kPadOffset, L::nvfp4_ds_mla_fp8rope::kPadBytes, "zero"},
+    {L::nvfp4_ds_mla_fp8rope::kRopeOffset, kRopeDim, "64 x e4m3 rope, e4m3_satfinite(v / rs)"},
+};
+
+const std::array<FormatInfo, kNumKvFormats> kFormats = {{
+    {KvFormat::kBf16, "bf16", L::bf16::kRecordBytes, false,
+     "unquantized bf16 latent and rope", kBf16Regions},
+    {KvFormat::kFp8DsMla, "fp8_ds_mla", L::fp8_ds_mla::kRecordBytes, false,
+     "fp8 e4m3 latent with 4 fp32 tile scales, bf16 rope (FlashMLA / vLLM fp8_ds_mla)", kFp8Regions},
+    {KvFormat::kNvfp4DsMla, "nvfp4_ds_mla", L::nvfp4_ds_mla::kRecordBytes, true,
+     "e2m1 latent with 32 e4m3 group scales and a per-layer outer scale, bf16 rope", kNvfp4Regions},
+    {KvFormat::kNvfp4DsMlaFp8Rope, "nvfp4_ds_mla_fp8rope", L::nvfp4_ds_mla_fp8rope::kRecordBytes, true,
+     "nvfp4_ds_mla latent with e4m3 rope and one fp32 rope scale", kNvfp4Fp8RopeRegions},
+}};
+
+}  // namespace
+
+const FormatInfo& format_info(KvFormat f) { return kFormats[static_cast<std::size_t>(f)]; }
+std::span<const FormatInfo> all_formats() { return kFormats; }
+std::string_view format_name(KvFormat f) { return format_info(f).name; }
+
+std::optional<KvFormat> parse_format(std::string_view name) {
+  for (const FormatInfo& fi : kFormats) {
+    if (fi.name == name) return fi.format;
+  }
+  return std::nullopt;
+}
+
+int record_bytes(KvFormat f, int latent_dim, int rope_dim) {
+  if (f == KvFormat::kBf16) return 2 * (latent_dim + rope_dim);
+  if (latent_dim != kLatentDim || rope_dim != kRopeDim) return -1;
+  return format_info(f).record_bytes;
+}
+
+}  // namespace mlakv
