@@ -25,6 +25,9 @@ struct RopeConfig {
   double beta_slow = 1.0;
   double mscale = 1.0;
   double mscale_all_dim = 0.0;
+  // Multiplier on cos/sin (HF `attention_factor` of `_compute_yarn_parameters` /
+  // `_compute_longrope_parameters`); 1.0 for every published MLA config.
+  double attention_factor = 1.0;
   // LongRoPE (MiniCPM3)
   std::vector<double> long_factor, short_factor;
   // true: pairwise (x0,x1),(x2,x3)... rotation (DeepSeek/Kimi/GLM);

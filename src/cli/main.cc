@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   add_formats_command(cli);
   add_codec_command(cli);
   add_plan_command(cli);
+  add_demo_command(cli);
   try {
     cli.app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
