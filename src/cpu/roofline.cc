@@ -21,9 +21,15 @@ namespace hn = hwy::HWY_NAMESPACE;
 // Returns FLOPs performed; `sink` keeps the result alive.
 double FmaLoop(int64_t iters, float* sink) {
   const hn::ScalableTag<float> d;
-  auto a0 = hn::Set(d, 1.0f), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0, a8 = a0, a9 = a0,
-       a10 = a0, a11 = a0;
-  const auto m = hn::Set(d, 0.9999999f), c = hn::Set(d, 1e-7f);
+  // Distinct run-time start values: identical chains would let the compiler merge
+  // them into one and report a multiple of the real peak.
+  volatile float base = *sink;
+  auto a0 = hn::Set(d, base + 1.0f), a1 = hn::Set(d, base + 2.0f), a2 = hn::Set(d, base + 3.0f),
+       a3 = hn::Set(d, base + 4.0f), a4 = hn::Set(d, base + 5.0f), a5 = hn::Set(d, base + 6.0f),
+       a6 = hn::Set(d, base + 7.0f), a7 = hn::Set(d, base + 8.0f), a8 = hn::Set(d, base + 9.0f),
+       a9 = hn::Set(d, base + 10.0f), a10 = hn::Set(d, base + 11.0f), a11 = hn::Set(d, base + 12.0f);
+  volatile float mv = 0.9999999f, cv = 1e-7f;
+  const auto m = hn::Set(d, mv), c = hn::Set(d, cv);
   for (int64_t i = 0; i < iters; ++i) {
     a0 = hn::MulAdd(a0, m, c); a1 = hn::MulAdd(a1, m, c); a2 = hn::MulAdd(a2, m, c); a3 = hn::MulAdd(a3, m, c);
     a4 = hn::MulAdd(a4, m, c); a5 = hn::MulAdd(a5, m, c); a6 = hn::MulAdd(a6, m, c); a7 = hn::MulAdd(a7, m, c);
