@@ -1,0 +1,338 @@
+// The CUDA benchmark: the GPU's ceilings (device-to-device copy; bf16 tensor-core GEMM
+// through cuBLAS) and, for every KV format, attention at memory-bound, compute-bound
+// and sparse shapes, plus the cache writers - each as a fraction of the ceiling
+// measured in the same run.
+//
+// Timing: CUDA events around one decode step (split + combine kernels together), the
+// L2 flushed (a 512 MiB memset) before every repetition, warm-up first, median of
+// --reps. Bytes = q + cache records read + out; FLOPs = 2 H s_q tokens (576 + 512).
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <curand.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "mlakv/cuda.h"
+#include "mlakv/numerics.h"
+
+namespace {
+
+using namespace mlakv;
+
+#define CHECK_CUDA(x)                                                                     \
+  do {                                                                                    \
+    cudaError_t e_ = (x);                                                                 \
+    if (e_ != cudaSuccess) {                                                              \
+      std::fprintf(stderr, "error: %s: %s (%s:%d)\n", #x, cudaGetErrorString(e_), __FILE__, __LINE__); \
+      std::exit(1);                                                                       \
+    }                                                                                     \
+  } while (0)
+
+void check(const Status& st, const char* what) {
+  if (!st.ok()) {
+    std::fprintf(stderr, "error: %s: %s\n", what, st.to_string().c_str());
+    std::exit(1);
+  }
+}
+
+struct Timer {
+  cudaEvent_t a, b;
+  Timer() {
+    cudaEventCreate(&a);
+    cudaEventCreate(&b);
+  }
+  ~Timer() {
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+  }
+};
+
+void* flush_buf = nullptr;
+constexpr std::size_t kFlushBytes = std::size_t{512} << 20;
+
+// Median milliseconds of `reps` runs of fn, L2 flushed before each.
+template <class F>
+double time_ms(int reps, F fn, bool flush = true) {
+  Timer t;
+  for (int w = 0; w < 3; ++w) fn();
+  CHECK_CUDA(cudaDeviceSynchronize());
+  std::vector<double> ms;
+  for (int r = 0; r < reps; ++r) {
+    if (flush) CHECK_CUDA(cudaMemsetAsync(flush_buf, r & 0xFF, kFlushBytes));
+    CHECK_CUDA(cudaEventRecord(t.a));
+    fn();
+    CHECK_CUDA(cudaEventRecord(t.b));
+    CHECK_CUDA(cudaEventSynchronize(t.b));
+    float x = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&x, t.a, t.b));
+    ms.push_back(x);
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+double copy_ceiling_tbps(int reps) {
+  const std::size_t bytes = std::size_t{4} << 30;
+  void *a, *b;
+  CHECK_CUDA(cudaMalloc(&a, bytes));
+  CHECK_CUDA(cudaMalloc(&b, bytes));
+  CHECK_CUDA(cudaMemset(a, 1, bytes));
+  const double ms = time_ms(reps, [&] { CHECK_CUDA(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice)); }, false);
+  cudaFree(a);
+  cudaFree(b);
+  return 2.0 * static_cast<double>(bytes) / (ms * 1e-3) * 1e-12;
+}
+
+double gemm_ceiling_tflops(int reps) {
+  const int n = 8192;
+  std::vector<uint16_t> h(static_cast<std::size_t>(n) * n);
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (auto& x : h) x = f32_to_bf16(u(rng));  // random data: zeros would run faster
+  void *A, *B, *C;
+  const std::size_t bytes = h.size() * 2;
+  CHECK_CUDA(cudaMalloc(&A, bytes));
+  CHECK_CUDA(cudaMalloc(&B, bytes));
+  CHECK_CUDA(cudaMalloc(&C, bytes));
+  CHECK_CUDA(cudaMemcpy(A, h.data(), bytes, cudaMemcpyHostToDevice));
+  std::shuffle(h.begin(), h.end(), rng);
+  CHECK_CUDA(cudaMemcpy(B, h.data(), bytes, cudaMemcpyHostToDevice));
+  cublasHandle_t handle;
+  if (cublasCreate(&handle) != CUBLAS_STATUS_SUCCESS) std::exit(1);
+  const float alpha = 1.0f, beta = 0.0f;
+  const double ms = time_ms(reps, [&] {
+    cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, A, CUDA_R_16BF, n, B, CUDA_R_16BF, n, &beta, C,
+                 CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  }, false);
+  cublasDestroy(handle);
+  cudaFree(A);
+  cudaFree(B);
+  cudaFree(C);
+  return 2.0 * n * static_cast<double>(n) * n / (ms * 1e-3) * 1e-12;
+}
+
+struct Shape {
+  std::string kind;  // "decode" or "sparse"
+  int B, H, s_q;
+  int ctx;   // tokens per request (pool size for sparse)
+  int topk;  // sparse only
+};
+
+struct Result {
+  std::string format, kind;
+  int B, H, s_q, ctx, topk, splits;
+  double ms, tokens_per_s, tbps, tflops, frac_bw, frac_mm;
+};
+
+Result run_shape(KvFormat f, const Shape& sh, int reps, double copy_tbps, double mm_tflops, curandGenerator_t gen,
+                 int sms) {
+  const int64_t B = sh.B, T = static_cast<int64_t>(sh.B) * sh.ctx;
+  const int bs = 64;
+  const int64_t blocks_per_req = (sh.ctx + bs - 1) / bs;
+  const int64_t num_blocks = B * blocks_per_req;
+  const int rb = record_bytes(f);
+  uint8_t* cache;
+  CHECK_CUDA(cudaMalloc(&cache, static_cast<std::size_t>(num_blocks) * bs * rb));
+  CacheLayerView v;
+  v.data = cache;
+  v.num_blocks = num_blocks;
+  v.block_size = bs;
+  v.record_bytes = rb;
+  v.format = f;
+  v.device = Device::cuda(0);
+  // Fill through the CUDA writer from random latents, 64K tokens at a time.
+  {
+    const int64_t chunk = 65536;
+    float *lat, *rope;
+    int64_t* slots;
+    CHECK_CUDA(cudaMalloc(&lat, chunk * kLatentDim * 4));
+    CHECK_CUDA(cudaMalloc(&rope, chunk * kRopeDim * 4));
+    CHECK_CUDA(cudaMalloc(&slots, chunk * 8));
+    std::vector<int64_t> hs(static_cast<std::size_t>(chunk));
+    for (int64_t t0 = 0; t0 < num_blocks * bs; t0 += chunk) {
+      const int64_t n = std::min(chunk, num_blocks * bs - t0);
+      curandGenerateNormal(gen, lat, static_cast<std::size_t>(chunk * kLatentDim), 0.0f, 1.0f);
+      curandGenerateNormal(gen, rope, static_cast<std::size_t>(chunk * kRopeDim), 0.0f, 1.0f);
+      std::iota(hs.begin(), hs.begin() + n, t0);
+      CHECK_CUDA(cudaMemcpy(slots, hs.data(), static_cast<std::size_t>(n) * 8, cudaMemcpyHostToDevice));
+      check(cuda::write_cache(v, TensorView::contiguous(slots, DType::kI64, {n}, v.device),
+                              TensorView::contiguous(lat, DType::kF32, {n, kLatentDim}, v.device),
+                              TensorView::contiguous(rope, DType::kF32, {n, kRopeDim}, v.device), Fp8ScaleMode::kPow2,
+                              nullptr),
+            "write_cache");
+    }
+    CHECK_CUDA(cudaDeviceSynchronize());
+    cudaFree(lat);
+    cudaFree(rope);
+    cudaFree(slots);
+  }
+  float *q, *out, *lse;
+  const int64_t rows = B * sh.s_q * sh.H;
+  CHECK_CUDA(cudaMalloc(&q, rows * kQkDim * 4));
+  CHECK_CUDA(cudaMalloc(&out, rows * kLatentDim * 4));
+  CHECK_CUDA(cudaMalloc(&lse, rows * 4));
+  curandGenerateNormal(gen, q, static_cast<std::size_t>(rows * kQkDim), 0.0f, 1.0f);
+  std::vector<int32_t> table(static_cast<std::size_t>(num_blocks)), lens(static_cast<std::size_t>(B), sh.ctx);
+  std::iota(table.begin(), table.end(), 0);
+  int32_t *d_table, *d_lens, *d_idx = nullptr;
+  CHECK_CUDA(cudaMalloc(&d_table, table.size() * 4));
+  CHECK_CUDA(cudaMalloc(&d_lens, lens.size() * 4));
+  CHECK_CUDA(cudaMemcpy(d_table, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(d_lens, lens.data(), lens.size() * 4, cudaMemcpyHostToDevice));
+  MlaAttentionParams p;
+  p.q = TensorView::contiguous(q, DType::kF32, {B, sh.s_q, sh.H, kQkDim}, v.device);
+  p.cache = v;
+  p.block_table = TensorView::contiguous(d_table, DType::kI32, {B, blocks_per_req}, v.device);
+  p.seqlens = TensorView::contiguous(d_lens, DType::kI32, {B}, v.device);
+  if (sh.kind == "sparse") {
+    std::vector<int32_t> idx(static_cast<std::size_t>(B * sh.s_q * sh.topk));
+    std::mt19937 rng(5);
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t k = 0; k < sh.s_q * sh.topk; ++k) {
+        idx[static_cast<std::size_t>(b * sh.s_q * sh.topk + k)] =
+            static_cast<int32_t>(b * blocks_per_req * bs + std::uniform_int_distribution<int>(0, sh.ctx - 1)(rng));
+      }
+    }
+    CHECK_CUDA(cudaMalloc(&d_idx, idx.size() * 4));
+    CHECK_CUDA(cudaMemcpy(d_idx, idx.data(), idx.size() * 4, cudaMemcpyHostToDevice));
+    p.indices = TensorView::contiguous(d_idx, DType::kI32, {B, sh.s_q, sh.topk}, v.device);
+  }
+  p.softmax_scale = 0.1352f;
+  p.out = TensorView::contiguous(out, DType::kF32, {B, sh.s_q, sh.H, kLatentDim}, v.device);
+  p.lse = TensorView::contiguous(lse, DType::kF32, {B, sh.s_q, sh.H}, v.device);
+  p.num_splits = cuda::suggest_num_splits(p, sms);
+  auto plan = cuda::plan_mla_attention(p);
+  check(plan.status(), "plan");
+  void* ws = nullptr;
+  if (plan->workspace_bytes > 0) CHECK_CUDA(cudaMalloc(&ws, plan->workspace_bytes));
+  const double ms = time_ms(reps, [&] { check(cuda::run_mla_attention(p, *plan, ws, nullptr), "run"); });
+  CHECK_CUDA(cudaGetLastError());
+  const double tokens = sh.kind == "sparse" ? static_cast<double>(B) * sh.s_q * sh.topk : static_cast<double>(T);
+  const double bytes = static_cast<double>(rows) * kQkDim * 4 + tokens * rb + static_cast<double>(rows) * (kLatentDim + 1) * 4;
+  const double per_req_tokens = sh.kind == "sparse" ? static_cast<double>(sh.topk) : static_cast<double>(sh.ctx);
+  const double flops = 2.0 * sh.H * sh.s_q * per_req_tokens * (kQkDim + kLatentDim) * B;
+  Result r{std::string(format_name(f)), sh.kind, sh.B, sh.H, sh.s_q, sh.ctx, sh.topk, p.num_splits, ms,
+           tokens / (ms * 1e-3), bytes / (ms * 1e-3) * 1e-12, flops / (ms * 1e-3) * 1e-12, 0, 0};
+  r.frac_bw = r.tbps / copy_tbps;
+  r.frac_mm = r.tflops / mm_tflops;
+  cudaFree(ws);
+  cudaFree(d_idx);
+  cudaFree(d_table);
+  cudaFree(d_lens);
+  cudaFree(q);
+  cudaFree(out);
+  cudaFree(lse);
+  cudaFree(cache);
+  return r;
+}
+
+double writer_gbps(KvFormat f, int reps, curandGenerator_t gen) {
+  const int64_t n = 262144;
+  const int rb = record_bytes(f);
+  uint8_t* cache;
+  float *lat, *rope;
+  int64_t* slots;
+  CHECK_CUDA(cudaMalloc(&cache, static_cast<std::size_t>(n) * rb));
+  CHECK_CUDA(cudaMalloc(&lat, n * kLatentDim * 4));
+  CHECK_CUDA(cudaMalloc(&rope, n * kRopeDim * 4));
+  CHECK_CUDA(cudaMalloc(&slots, n * 8));
+  curandGenerateNormal(gen, lat, static_cast<std::size_t>(n * kLatentDim), 0.0f, 1.0f);
+  curandGenerateNormal(gen, rope, static_cast<std::size_t>(n * kRopeDim), 0.0f, 1.0f);
+  std::vector<int64_t> hs(static_cast<std::size_t>(n));
+  std::iota(hs.begin(), hs.end(), 0);
+  std::shuffle(hs.begin(), hs.end(), std::mt19937(2));
+  CHECK_CUDA(cudaMemcpy(slots, hs.data(), hs.size() * 8, cudaMemcpyHostToDevice));
+  CacheLayerView v;
+  v.data = cache;
+  v.num_blocks = n / 64;
+  v.block_size = 64;
+  v.record_bytes = rb;
+  v.format = f;
+  v.device = Device::cuda(0);
+  const double ms = time_ms(reps, [&] {
+    check(cuda::write_cache(v, TensorView::contiguous(slots, DType::kI64, {n}, v.device),
+                            TensorView::contiguous(lat, DType::kF32, {n, kLatentDim}, v.device),
+                            TensorView::contiguous(rope, DType::kF32, {n, kRopeDim}, v.device), Fp8ScaleMode::kPow2, nullptr),
+          "write");
+  });
+  cudaFree(cache);
+  cudaFree(lat);
+  cudaFree(rope);
+  cudaFree(slots);
+  return static_cast<double>(n) * (kQkDim * 4 + 8 + rb) / (ms * 1e-3) * 1e-9;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int reps = 30;
+  std::string json_path, only;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
+    else if (a == "--json" && i + 1 < argc) json_path = argv[++i];
+    else if (a == "--format" && i + 1 < argc) only = argv[++i];
+    else {
+      std::fprintf(stderr, "error: unknown argument '%s' (usage: bench_cuda [--reps N] [--json PATH] [--format F])\n", a.c_str());
+      return 2;
+    }
+  }
+  auto props = cuda::device_properties(0);
+  check(props.status(), "device");
+  CHECK_CUDA(cudaMalloc(&flush_buf, kFlushBytes));
+  curandGenerator_t gen;
+  curandCreateGenerator(&gen, CURAND_RNG_PSEUDO_DEFAULT);
+  curandSetPseudoRandomGeneratorSeed(gen, 1234);
+
+  const double copy = copy_ceiling_tbps(reps);
+  const double mm = gemm_ceiling_tflops(reps);
+  std::printf("device %s, %d SMs, L2 %.0f MiB\n", props->name.c_str(), props->multiprocessors,
+              static_cast<double>(props->l2_bytes) / (1 << 20));
+  std::printf("ceilings: device-to-device copy %.2f TB/s (read + write); bf16 GEMM 8192^3 (cuBLAS) %.1f TFLOP/s\n\n",
+              copy, mm);
+  const std::vector<Shape> shapes = {{"decode", 64, 16, 1, 8192, 0},
+                                     {"decode", 64, 16, 1, 32768, 0},
+                                     {"decode", 64, 128, 2, 8192, 0},
+                                     {"sparse", 64, 128, 2, 32768, 2048}};
+  nlohmann::json j;
+  j["device"] = props->name;
+  j["copy_tbps"] = copy;
+  j["gemm_bf16_tflops"] = mm;
+  std::printf("%-22s %-7s %3s %4s %4s %6s %5s %6s %9s %11s %7s %8s %7s %7s\n", "format", "kind", "B", "H", "s_q", "ctx",
+              "topk", "splits", "ms", "tokens/s", "TB/s", "TFLOP/s", "%copy", "%gemm");
+  for (const FormatInfo& fi : all_formats()) {
+    if (!only.empty() && fi.name != only) continue;
+    for (const Shape& sh : shapes) {
+      const Result r = run_shape(fi.format, sh, reps, copy, mm, gen, props->multiprocessors);
+      std::printf("%-22s %-7s %3d %4d %4d %6d %5d %6d %9.4f %11.4g %7.3f %8.1f %6.1f%% %6.1f%%\n", r.format.c_str(),
+                  r.kind.c_str(), r.B, r.H, r.s_q, r.ctx, r.topk, r.splits, r.ms, r.tokens_per_s, r.tbps, r.tflops,
+                  100 * r.frac_bw, 100 * r.frac_mm);
+      std::fflush(stdout);
+      j["attention"].push_back({{"format", r.format}, {"kind", r.kind}, {"B", r.B}, {"H", r.H}, {"s_q", r.s_q},
+                                {"ctx", r.ctx}, {"topk", r.topk}, {"splits", r.splits}, {"ms", r.ms},
+                                {"tokens_per_s", r.tokens_per_s}, {"tbps", r.tbps}, {"tflops", r.tflops},
+                                {"frac_copy", r.frac_bw}, {"frac_gemm", r.frac_mm}});
+    }
+  }
+  std::printf("\ncache writers (262144 tokens, f32 input, shuffled slots; bytes = input read + slot + record written):\n");
+  for (const FormatInfo& fi : all_formats()) {
+    if (!only.empty() && fi.name != only) continue;
+    const double g = writer_gbps(fi.format, reps, gen);
+    std::printf("  %-22s %8.1f GB/s (%.1f%% of copy)\n", std::string(fi.name).c_str(), g, 100 * g / (copy * 1e3));
+    j["writers"].push_back({{"format", std::string(fi.name)}, {"gbps", g}});
+  }
+  if (!json_path.empty()) {
+    std::ofstream(json_path) << j.dump(2) << "\n";
+  }
+  curandDestroyGenerator(gen);
+  cudaFree(flush_buf);
+  return 0;
+}

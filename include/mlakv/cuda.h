@@ -1,0 +1,79 @@
+// The CUDA backend (built when MLAKV_CUDA is on; link mlakv_cuda). The same
+// operations and semantics as the CPU ones, on device tensors:
+//   - cache writers for every record format, byte-identical to the CPU codecs;
+//   - MLA attention over the paged cache (dense causal / sparse top-k, split-KV),
+//     dequantization fused into the kernel, tensor-core MMAs for Q K^T and P V;
+//   - merge_attn_states on the device;
+//   - a MemoryBacking over cudaMalloc for the caching allocator.
+//
+// Plan / run: planning is host-only arithmetic on shapes (no device access); running
+// launches kernels on the given stream - no allocation, no host synchronisation - so
+// a decode step can be captured in a CUDA graph and replayed with new contents.
+// Streams are passed as `void*` (a cudaStream_t) so this header needs no CUDA headers.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "mlakv/allocator.h"
+#include "mlakv/attention.h"
+#include "mlakv/cache.h"
+#include "mlakv/codec.h"
+#include "mlakv/status.h"
+
+namespace mlakv::cuda {
+
+// ---- devices ----------------------------------------------------------------------
+struct DeviceProperties {
+  std::string name;
+  int major = 0, minor = 0;
+  int multiprocessors = 0;
+  std::size_t global_memory = 0;
+  std::size_t l2_bytes = 0;
+  std::size_t shared_memory_per_block_optin = 0;
+};
+StatusOr<DeviceProperties> device_properties(int device = 0);
+
+// ---- attention ----------------------------------------------------------------------
+struct AttentionPlan {
+  int num_splits = 1;
+  int row_blocks = 0;            // CTAs over the rows of one request (16 rows each)
+  int64_t partial_rows = 0;      // rows of split partials kept in the workspace
+  std::size_t workspace_bytes = 0;  // caller allocates this much device memory
+};
+
+// A split count that fills `multiprocessors` for this batch shape (host arithmetic).
+int suggest_num_splits(const MlaAttentionParams& p, int multiprocessors);
+
+// Validates shapes/dtypes/devices (cache and every tensor on the same CUDA device),
+// sizes the workspace for p.num_splits and configures the kernel (shared-memory
+// limit). Reads no device memory; call it outside graph capture.
+StatusOr<AttentionPlan> plan_mla_attention(const MlaAttentionParams& p);
+
+// Launches the attention (and, with splits, the combine) kernels on `stream`.
+// `workspace` must hold plan.workspace_bytes (may be null when that is 0). Device
+// block tables are not read by the host: a block id outside the cache makes the
+// kernel skip those tokens; it never reads outside the cache.
+Status run_mla_attention(const MlaAttentionParams& p, const AttentionPlan& plan, void* workspace, void* stream);
+
+// o_parts [P, N, D] f32, lse_parts [P, N] f32 -> out [N, D], lse [N], on the device.
+Status merge_attn_states(const TensorView& o_parts, const TensorView& lse_parts, const TensorView& out,
+                         const TensorView& lse, void* stream);
+
+// ---- cache writers --------------------------------------------------------------------
+// Encodes n tokens into `slots` of a device cache layer; one launch.
+//   slots [n] i64 (device); entries < 0 are skipped (CUDA-graph padding); entries past
+//         the layer's capacity are skipped and counted in *error_count when given.
+//   latent [n, 512], rope [n, 64]: f32 or bf16 on the device. Non-finite inputs are
+//         not checked on the device (the CPU writer rejects them).
+Status write_cache(const CacheLayerView& layer, const TensorView& slots, const TensorView& latent,
+                   const TensorView& rope, Fp8ScaleMode fp8_scales, void* stream, int* error_count = nullptr);
+
+// ---- memory ------------------------------------------------------------------------------
+// cudaMalloc-backed segments for CachingAllocator; a capacity models a smaller GPU.
+std::unique_ptr<MemoryBacking> make_cuda_backing(int device = 0, std::optional<std::size_t> capacity_limit = {});
+
+}  // namespace mlakv::cuda

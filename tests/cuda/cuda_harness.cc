@@ -1,0 +1,663 @@
+// The accelerated-vs-reference harness for every CUDA op (STYLE habit 3). It builds in
+// CI and runs on a GPU machine (tools/gpu_check.sh). For each case: inputs are made
+// on the CPU with the CPU cache code (adversarial layouts: shuffled block tables,
+// ragged and empty requests, odd block sizes, unused slots poisoned with NaN), the very
+// same cache bytes are copied to the device, the CUDA op runs, and its output is
+// checked: NaN/Inf first, guard sentinels around every output, then the error metric.
+//
+// Attention tolerance (derived per output element). The kernel rounds q, the
+// dequantized K/V and the softmax weights P to bf16 and accumulates in fp32. An
+// emulation in float64 that applies the same q/K/V roundings leaves two differences:
+//  (1) fp32 accumulation of the 576-term scores: |ds| <= d = 576 u scale sum|q K|
+//      (u = 2^-24), which moves each softmax weight by a factor within e^(+-2d);
+//  (2) rounding P to bf16 (relative <= 2^-8 per weight, on both sides of the
+//      comparison it need not match the emulation's), plus the fp32 sums over n
+//      tokens and S splits.
+// A convex combination o = sum_t w_t v_t whose weights move by relative e changes by
+// at most e * MAD, MAD = sum_t w_t |v_t - o|, so
+//   tol = (e^(2d) - 1 + 2^-7) * MAD / (1 - e) + (2n + 8 + 4S) u max|v|.
+// lse: tol = d + (n + 8) u + 4 u |lse| (exp2/log2 approximations included).
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/record_codec.h"
+#include "mlakv/attention.h"
+#include "mlakv/cuda.h"
+
+namespace mlakv {
+namespace {
+
+#define CUDA_OK(x) ASSERT_EQ((x), cudaSuccess) << #x << ": " << cudaGetErrorString(x)
+
+constexpr double kU = 1.0 / (1 << 24);
+constexpr float kSentinel = 12345.5f;
+constexpr int kGuard = 64;  // floats of guard on each side of an output
+
+template <class T>
+struct DeviceBuffer {
+  T* ptr = nullptr;
+  std::size_t n = 0;
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(std::size_t count) : n(count) {
+    if (count > 0 && cudaMalloc(&ptr, count * sizeof(T)) != cudaSuccess) ptr = nullptr;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() { cudaFree(ptr); }
+  void upload(const std::vector<T>& h) { cudaMemcpy(ptr, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice); }
+  std::vector<T> download() const {
+    std::vector<T> h(n);
+    cudaMemcpy(h.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost);
+    return h;
+  }
+};
+
+bool have_gpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+// ---- a test case -------------------------------------------------------------------------
+struct Case {
+  KvFormat format = KvFormat::kBf16;
+  int block_size = 64;
+  int heads = 16;
+  int s_q = 1;
+  std::vector<int> seqlens = {100};
+  bool causal = true;
+  int splits = 1;
+  bool sparse = false;
+  int topk = 0;
+  bool topk_length = false;
+  float outer_scale = 1.0f;
+  bool bf16_q = false;
+  uint32_t seed = 1;
+
+  std::string name() const {
+    std::string s = std::string(format_name(format)) + " bs=" + std::to_string(block_size) + " H=" +
+                    std::to_string(heads) + " s_q=" + std::to_string(s_q) + " splits=" + std::to_string(splits) +
+                    (causal ? " causal" : " full") + (sparse ? " sparse topk=" + std::to_string(topk) : "") +
+                    (topk_length ? " topk_len" : "") + (bf16_q ? " q=bf16" : " q=f32") + " outer=" +
+                    std::to_string(outer_scale) + " seed=" + std::to_string(seed) + " seqlens=";
+    for (int l : seqlens) s += std::to_string(l) + ",";
+    return s;
+  }
+};
+
+struct Host {
+  Case c;
+  std::unique_ptr<KvCache> cache;
+  CacheLayerView view;
+  int64_t max_blocks = 1;
+  std::vector<int32_t> table, seqlens, indices, topk_len;
+  std::vector<std::vector<int64_t>> written;
+  std::vector<float> q;
+  std::vector<uint16_t> q16;
+};
+
+Host build(const Case& c) {
+  Host t;
+  t.c = c;
+  std::mt19937 rng(c.seed);
+  std::normal_distribution<float> nd;
+  const int B = static_cast<int>(c.seqlens.size());
+  int64_t need = 0;
+  for (int len : c.seqlens) {
+    const int64_t nb = (len + c.block_size - 1) / c.block_size;
+    need += nb;
+    t.max_blocks = std::max<int64_t>(t.max_blocks, nb);
+  }
+  KvCache::Config cfg;
+  cfg.num_blocks = need + 3;
+  cfg.block_size = c.block_size;
+  cfg.layers = {{c.format, c.outer_scale}};
+  t.cache = std::move(KvCache::create_cpu(cfg).value());
+  t.cache->fill(0xFF);  // NaN in every format: a stray read shows
+  t.view = *t.cache->layer(0);
+  std::vector<int32_t> perm(static_cast<std::size_t>(cfg.num_blocks));
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  t.table.assign(static_cast<std::size_t>(B * t.max_blocks), -1);
+  std::size_t next = 0;
+  std::vector<float> ch(kLatentDim);
+  for (float& s : ch) s = std::exp2(std::uniform_real_distribution<float>(-2.0f, 1.0f)(rng));
+  for (int b = 0; b < B; ++b) {
+    const int len = c.seqlens[static_cast<std::size_t>(b)];
+    t.seqlens.push_back(len);
+    const int64_t nb = (len + c.block_size - 1) / c.block_size;
+    for (int64_t k = 0; k < nb; ++k) t.table[static_cast<std::size_t>(b * t.max_blocks + k)] = perm[next++];
+    std::vector<int64_t> slots;
+    for (int pos = 0; pos < len; ++pos) {
+      slots.push_back(static_cast<int64_t>(t.table[static_cast<std::size_t>(b * t.max_blocks + pos / c.block_size)]) *
+                          c.block_size + pos % c.block_size);
+    }
+    std::vector<float> lat(static_cast<std::size_t>(len) * kLatentDim), rope(static_cast<std::size_t>(len) * kRopeDim);
+    for (std::size_t i = 0; i < lat.size(); ++i) lat[i] = nd(rng) * ch[i % kLatentDim];
+    for (float& x : rope) x = nd(rng);
+    if (len > 0) {
+      EXPECT_TRUE(t.cache->write(0, TensorView::contiguous(slots.data(), DType::kI64, {len}),
+                                 TensorView::contiguous(lat.data(), DType::kF32, {len, kLatentDim}),
+                                 TensorView::contiguous(rope.data(), DType::kF32, {len, kRopeDim}))
+                      .ok());
+    }
+    t.written.push_back(slots);
+  }
+  t.q.resize(static_cast<std::size_t>(B * c.s_q * c.heads * kQkDim));
+  for (float& x : t.q) x = nd(rng) * 0.7f;
+  if (c.bf16_q) {
+    for (float& x : t.q) {
+      t.q16.push_back(f32_to_bf16(x));
+      x = bf16_to_f32(t.q16.back());
+    }
+  }
+  if (c.sparse) {
+    const int32_t bad[] = {-1, -7, static_cast<int32_t>(t.view.num_slots()), std::numeric_limits<int32_t>::max()};
+    for (int b = 0; b < B; ++b) {
+      for (int i = 0; i < c.s_q; ++i) {
+        for (int k = 0; k < c.topk; ++k) {
+          const auto& w = t.written[static_cast<std::size_t>(b)];
+          const bool valid = !w.empty() && std::uniform_int_distribution<int>(0, 4)(rng) != 0;
+          t.indices.push_back(valid ? static_cast<int32_t>(w[std::uniform_int_distribution<std::size_t>(0, w.size() - 1)(rng)])
+                                    : bad[std::uniform_int_distribution<int>(0, 3)(rng)]);
+        }
+      }
+      t.topk_len.push_back(std::uniform_int_distribution<int>(0, c.topk)(rng));
+    }
+  }
+  return t;
+}
+
+// Tokens (slots) query (b, i) attends to: the test's own reading of the semantics.
+std::vector<int64_t> token_set(const Host& t, int b, int i) {
+  const Case& c = t.c;
+  std::vector<int64_t> out;
+  if (c.sparse) {
+    const int n = c.topk_length ? t.topk_len[static_cast<std::size_t>(b)] : c.topk;
+    for (int k = 0; k < n; ++k) {
+      const int32_t s = t.indices[static_cast<std::size_t>((b * c.s_q + i) * c.topk + k)];
+      if (s >= 0 && s < t.view.num_slots()) out.push_back(s);
+    }
+    return out;
+  }
+  const int len = c.seqlens[static_cast<std::size_t>(b)];
+  const int vis = c.causal ? std::clamp(len - c.s_q + i + 1, 0, len) : len;
+  const auto& w = t.written[static_cast<std::size_t>(b)];
+  return std::vector<int64_t>(w.begin(), w.begin() + vis);
+}
+
+double bf16r(double x) { return bf16_to_f32(f32_to_bf16(static_cast<float>(x))); }
+
+// Float64 emulation with the kernel's input roundings; also the per-element tolerance.
+void emulate(const Host& t, float scale, std::vector<double>& o, std::vector<double>& lse, std::vector<double>& tol_o,
+             std::vector<double>& tol_l) {
+  const Case& c = t.c;
+  const int B = static_cast<int>(c.seqlens.size());
+  const std::size_t rows = static_cast<std::size_t>(B * c.s_q * c.heads);
+  o.assign(rows * kLatentDim, 0.0);
+  tol_o.assign(rows * kLatentDim, 0.0);
+  lse.assign(rows, -INFINITY);
+  tol_l.assign(rows, 0.0);
+  for (int b = 0; b < B; ++b) {
+    for (int i = 0; i < c.s_q; ++i) {
+      const auto slots = token_set(t, b, i);
+      const std::size_t n = slots.size();
+      std::vector<double> keys(n * kQkDim);
+      for (std::size_t k = 0; k < n; ++k) {
+        float lat[kLatentDim], rope[kRopeDim];
+        codec::decode_record(t.view.format, t.view.record(slots[k]), t.view.outer_scale, lat, rope);
+        for (int d = 0; d < kLatentDim; ++d) keys[k * kQkDim + static_cast<std::size_t>(d)] = bf16r(lat[d]);
+        for (int d = 0; d < kRopeDim; ++d) keys[k * kQkDim + kLatentDim + static_cast<std::size_t>(d)] = bf16r(rope[d]);
+      }
+      for (int h = 0; h < c.heads; ++h) {
+        const std::size_t row = static_cast<std::size_t>((b * c.s_q + i) * c.heads + h);
+        if (n == 0) continue;
+        const float* qr = t.q.data() + row * kQkDim;
+        std::vector<double> s(n);
+        double mx = -INFINITY, dmax = 0;
+        for (std::size_t k = 0; k < n; ++k) {
+          double dot = 0, sabs = 0;
+          for (int d = 0; d < kQkDim; ++d) {
+            const double pr = bf16r(qr[d]) * keys[k * kQkDim + static_cast<std::size_t>(d)];
+            dot += pr;
+            sabs += std::fabs(pr);
+          }
+          s[k] = dot * scale;
+          dmax = std::max(dmax, 576.0 * kU * scale * sabs);
+          mx = std::max(mx, s[k]);
+        }
+        double sum = 0;
+        std::vector<double> w(n);
+        for (std::size_t k = 0; k < n; ++k) sum += (w[k] = std::exp(s[k] - mx));
+        const double e = std::expm1(2 * dmax) + std::ldexp(1.0, -7);
+        for (int d = 0; d < kLatentDim; ++d) {
+          double acc = 0, vmax = 0;
+          for (std::size_t k = 0; k < n; ++k) {
+            acc += w[k] * keys[k * kQkDim + static_cast<std::size_t>(d)];
+            vmax = std::max(vmax, std::fabs(keys[k * kQkDim + static_cast<std::size_t>(d)]));
+          }
+          const double od = acc / sum;
+          double mad = 0;
+          for (std::size_t k = 0; k < n; ++k) mad += w[k] * std::fabs(keys[k * kQkDim + static_cast<std::size_t>(d)] - od);
+          mad /= sum;
+          o[row * kLatentDim + static_cast<std::size_t>(d)] = od;
+          tol_o[row * kLatentDim + static_cast<std::size_t>(d)] =
+              e * mad / (1 - e) + (2.0 * static_cast<double>(n) + 8 + 4.0 * c.splits) * kU * vmax + 1e-30;
+        }
+        lse[row] = mx + std::log(sum);
+        tol_l[row] = dmax + (static_cast<double>(n) + 8) * kU + 4 * kU * std::fabs(lse[row]);
+      }
+    }
+  }
+}
+
+// Runs the case on the device; returns out/lse (guards checked).
+void run_device(const Host& t, std::vector<float>& out, std::vector<float>& lse, bool use_graph = false) {
+  const Case& c = t.c;
+  const int64_t B = static_cast<int64_t>(c.seqlens.size());
+  const std::size_t rows = static_cast<std::size_t>(B * c.s_q * c.heads);
+  const std::size_t cache_bytes = static_cast<std::size_t>(t.view.num_slots()) * t.view.record_bytes;
+  DeviceBuffer<uint8_t> d_cache(cache_bytes);
+  cudaMemcpy(d_cache.ptr, t.view.data, cache_bytes, cudaMemcpyHostToDevice);
+  DeviceBuffer<float> d_q(t.q.size());
+  DeviceBuffer<uint16_t> d_q16(std::max<std::size_t>(1, t.q16.size()));
+  if (c.bf16_q) d_q16.upload(t.q16); else d_q.upload(t.q);
+  DeviceBuffer<int32_t> d_table(t.table.size()), d_len(t.seqlens.size()), d_idx(std::max<std::size_t>(1, t.indices.size())),
+      d_tl(std::max<std::size_t>(1, t.topk_len.size()));
+  d_table.upload(t.table);
+  d_len.upload(t.seqlens);
+  if (c.sparse) {
+    d_idx.upload(t.indices);
+    d_tl.upload(t.topk_len);
+  }
+  // Outputs framed by guard sentinels.
+  std::vector<float> guard_o(rows * kLatentDim + 2 * kGuard, kSentinel), guard_l(rows + 2 * kGuard, kSentinel);
+  DeviceBuffer<float> d_out(guard_o.size()), d_lse(guard_l.size());
+  d_out.upload(guard_o);
+  d_lse.upload(guard_l);
+
+  MlaAttentionParams p;
+  p.q = c.bf16_q ? TensorView::contiguous(d_q16.ptr, DType::kBF16, {B, c.s_q, c.heads, kQkDim}, Device::cuda(0))
+                 : TensorView::contiguous(d_q.ptr, DType::kF32, {B, c.s_q, c.heads, kQkDim}, Device::cuda(0));
+  p.cache = t.view;
+  p.cache.data = d_cache.ptr;
+  p.cache.device = Device::cuda(0);
+  p.block_table = TensorView::contiguous(d_table.ptr, DType::kI32, {B, t.max_blocks}, Device::cuda(0));
+  p.seqlens = TensorView::contiguous(d_len.ptr, DType::kI32, {B}, Device::cuda(0));
+  if (c.sparse) {
+    p.indices = TensorView::contiguous(d_idx.ptr, DType::kI32, {B, c.s_q, c.topk}, Device::cuda(0));
+    if (c.topk_length) p.topk_length = TensorView::contiguous(d_tl.ptr, DType::kI32, {B}, Device::cuda(0));
+  }
+  p.softmax_scale = 0.1352f;
+  p.causal = c.causal;
+  p.num_splits = c.splits;
+  p.out = TensorView::contiguous(d_out.ptr + kGuard, DType::kF32, {B, c.s_q, c.heads, kLatentDim}, Device::cuda(0));
+  p.lse = TensorView::contiguous(d_lse.ptr + kGuard, DType::kF32, {B, c.s_q, c.heads}, Device::cuda(0));
+  auto plan = cuda::plan_mla_attention(p);
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  DeviceBuffer<uint8_t> ws(std::max<std::size_t>(1, plan->workspace_bytes));
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreate(&stream));
+  if (use_graph) {
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    const Status st = cuda::run_mla_attention(p, *plan, ws.ptr, stream);
+    CUDA_OK(cudaStreamEndCapture(stream, &graph));
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    CUDA_OK(cudaGraphLaunch(exec, stream));  // first replay on the original contents
+    CUDA_OK(cudaStreamSynchronize(stream));
+    // Replay with new contents written in place: scale q by -1 (new scores, same shapes).
+    std::vector<float> q2 = t.q;
+    for (float& x : q2) x = -x;
+    if (c.bf16_q) {
+      std::vector<uint16_t> q16 = t.q16;
+      for (uint16_t& x : q16) x ^= 0x8000u;
+      d_q16.upload(q16);
+    } else {
+      d_q.upload(q2);
+    }
+    CUDA_OK(cudaGraphLaunch(exec, stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  } else {
+    const Status st = cuda::run_mla_attention(p, *plan, ws.ptr, stream);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+  }
+  CUDA_OK(cudaStreamSynchronize(stream));
+  CUDA_OK(cudaGetLastError());
+  cudaStreamDestroy(stream);
+  const auto go = d_out.download(), gl = d_lse.download();
+  for (int k = 0; k < kGuard; ++k) {
+    ASSERT_EQ(go[static_cast<std::size_t>(k)], kSentinel) << "out guard before, " << k;
+    ASSERT_EQ(go[go.size() - 1 - static_cast<std::size_t>(k)], kSentinel) << "out guard after, " << k;
+    ASSERT_EQ(gl[static_cast<std::size_t>(k)], kSentinel) << "lse guard before, " << k;
+    ASSERT_EQ(gl[gl.size() - 1 - static_cast<std::size_t>(k)], kSentinel) << "lse guard after, " << k;
+  }
+  out.assign(go.begin() + kGuard, go.end() - kGuard);
+  lse.assign(gl.begin() + kGuard, gl.end() - kGuard);
+}
+
+void check_case(const Case& c, bool use_graph = false) {
+  SCOPED_TRACE(c.name());
+  Host t = build(c);
+  std::vector<float> out, lse;
+  run_device(t, out, lse, use_graph);
+  if (::testing::Test::HasFatalFailure()) return;
+  if (use_graph) {  // the graph's last replay ran with q negated
+    for (float& x : t.q) x = -x;
+  }
+  std::vector<double> eo, el, to, tl;
+  emulate(t, 0.1352f, eo, el, to, tl);
+  // NaN / Inf first.
+  for (std::size_t r = 0; r < lse.size(); ++r) {
+    ASSERT_FALSE(std::isnan(lse[r])) << "lse NaN at row " << r;
+    if (std::isinf(el[r])) {
+      ASSERT_EQ(lse[r], -INFINITY) << "empty row " << r << " must give lse -inf";
+    } else {
+      ASSERT_TRUE(std::isfinite(lse[r])) << "lse not finite at row " << r;
+    }
+  }
+  for (std::size_t k = 0; k < out.size(); ++k) ASSERT_TRUE(std::isfinite(out[k])) << "out not finite at " << k;
+  double max_err = 0, dot = 0, n1 = 0, n2 = 0;
+  for (std::size_t r = 0; r < lse.size(); ++r) {
+    if (std::isinf(el[r])) {
+      for (int d = 0; d < kLatentDim; ++d) ASSERT_EQ(out[r * kLatentDim + static_cast<std::size_t>(d)], 0.0f) << "empty row " << r;
+      continue;
+    }
+    ASSERT_LE(std::fabs(lse[r] - el[r]), tl[r]) << "lse row " << r << ": " << lse[r] << " vs " << el[r];
+    for (int d = 0; d < kLatentDim; ++d) {
+      const std::size_t k = r * kLatentDim + static_cast<std::size_t>(d);
+      const double err = std::fabs(out[k] - eo[k]);
+      max_err = std::max(max_err, err);
+      dot += out[k] * eo[k];
+      n1 += static_cast<double>(out[k]) * out[k];
+      n2 += eo[k] * eo[k];
+      ASSERT_LE(err, to[k]) << "out row " << r << " dim " << d << ": " << out[k] << " vs " << eo[k];
+    }
+  }
+  if (n1 > 0 && n2 > 0) {
+    EXPECT_GT(dot / std::sqrt(n1 * n2), 1 - 1e-4) << "cosine";
+  }
+  ::testing::Test::RecordProperty("max_abs_err", std::to_string(max_err));
+}
+
+class Cuda : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!have_gpu()) GTEST_FAIL() << "no CUDA device: this harness runs on a GPU machine (tools/gpu_check.sh)";
+  }
+};
+
+const KvFormat kFormats[] = {KvFormat::kBf16, KvFormat::kFp8DsMla, KvFormat::kNvfp4DsMla, KvFormat::kNvfp4DsMlaFp8Rope};
+
+TEST_F(Cuda, DenseEveryFormatHeadCountAndBlockSize) {
+  for (KvFormat f : kFormats) {
+    for (int heads : {1, 8, 16, 64, 128}) {
+      for (int bs : {1, 16, 64, 33}) {
+        Case c;
+        c.format = f;
+        c.heads = heads;
+        c.block_size = bs;
+        c.seqlens = {0, 77, 1, 160};
+        c.outer_scale = format_info(f).has_outer_scale ? 0.75f : 1.0f;
+        c.splits = (heads + bs) % 3 + 1;
+        c.seed = static_cast<uint32_t>(heads * 100 + bs);
+        check_case(c);
+        if (HasFatalFailure()) return;
+      }
+    }
+  }
+}
+
+TEST_F(Cuda, CausalMultiTokenAndSplits) {
+  for (KvFormat f : kFormats) {
+    for (int s_q : {1, 2, 4}) {
+      for (int splits : {1, 3, 8}) {
+        Case c;
+        c.format = f;
+        c.s_q = s_q;
+        c.heads = 16;
+        c.splits = splits;
+        c.seqlens = {300, 3, 2, 45};
+        c.bf16_q = splits == 3;
+        c.seed = static_cast<uint32_t>(s_q * 10 + splits);
+        check_case(c);
+        if (HasFatalFailure()) return;
+      }
+    }
+    Case full;
+    full.format = f;
+    full.s_q = 2;
+    full.causal = false;
+    full.seqlens = {64, 130};
+    check_case(full);
+    if (HasFatalFailure()) return;
+  }
+}
+
+TEST_F(Cuda, SparseWithInvalidIndices) {
+  for (KvFormat f : kFormats) {
+    for (int heads : {16, 64, 128}) {
+      Case c;
+      c.format = f;
+      c.sparse = true;
+      c.heads = heads;
+      c.s_q = 2;
+      c.topk = 96;
+      c.seqlens = {200, 0, 150};
+      c.splits = heads == 64 ? 3 : 1;
+      c.topk_length = heads == 128;
+      c.seed = static_cast<uint32_t>(heads);
+      check_case(c);
+      if (HasFatalFailure()) return;
+    }
+  }
+}
+
+TEST_F(Cuda, GraphCaptureAndReplayWithNewContents) {
+  for (KvFormat f : {KvFormat::kFp8DsMla, KvFormat::kNvfp4DsMlaFp8Rope}) {
+    Case c;
+    c.format = f;
+    c.splits = 4;
+    c.seqlens = {500, 33};
+    check_case(c, /*use_graph=*/true);
+    if (HasFatalFailure()) return;
+  }
+}
+
+// The reduced set run under compute-sanitizer memcheck / racecheck.
+TEST_F(Cuda, ReducedSanitizerSet) {
+  for (KvFormat f : kFormats) {
+    Case c;
+    c.format = f;
+    c.heads = 16;
+    c.s_q = 2;
+    c.block_size = 33;
+    c.splits = 2;
+    c.seqlens = {70, 0, 5};
+    check_case(c);
+    if (HasFatalFailure()) return;
+    c.sparse = true;
+    c.topk = 40;
+    check_case(c);
+    if (HasFatalFailure()) return;
+  }
+}
+
+// ---- cache writers: byte-identical to the CPU codecs ---------------------------------------
+TEST_F(Cuda, WritersAreByteIdenticalToTheCpuCodecs) {
+  const int n = 300;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd;
+  std::vector<float> lat(static_cast<std::size_t>(n) * kLatentDim), rope(static_cast<std::size_t>(n) * kRopeDim);
+  for (std::size_t i = 0; i < lat.size(); ++i) lat[i] = nd(rng) * (i % 97 == 0 ? 40.0f : 1.0f) * (i % 512 < 16 ? 1e-3f : 1.0f);
+  for (float& x : rope) x = nd(rng);
+  std::vector<uint16_t> lat16, rope16;
+  for (float x : lat) lat16.push_back(f32_to_bf16(x));
+  for (float x : rope) rope16.push_back(f32_to_bf16(x));
+  const int64_t slots_cap = 512;
+  std::vector<int64_t> slots(n);
+  std::vector<int64_t> perm(slots_cap);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  for (int i = 0; i < n; ++i) slots[static_cast<std::size_t>(i)] = perm[static_cast<std::size_t>(i)];
+  slots[5] = -1;        // padding: skipped
+  slots[7] = slots_cap; // past capacity: skipped and counted
+  for (KvFormat f : kFormats) {
+    for (bool bf16_in : {false, true}) {
+      for (Fp8ScaleMode mode : {Fp8ScaleMode::kPow2, Fp8ScaleMode::kExact}) {
+        if (f != KvFormat::kFp8DsMla && mode == Fp8ScaleMode::kExact) continue;
+        SCOPED_TRACE(std::string(format_name(f)) + (bf16_in ? " bf16 in" : " f32 in") + (mode == Fp8ScaleMode::kExact ? " exact" : ""));
+        const float outer = format_info(f).has_outer_scale ? 0.3f : 1.0f;
+        const int rb = record_bytes(f);
+        // CPU expectation, slot by slot, on a cache poisoned with 0xAB.
+        std::vector<uint8_t> want(static_cast<std::size_t>(slots_cap) * rb, 0xAB);
+        for (int i = 0; i < n; ++i) {
+          const int64_t s = slots[static_cast<std::size_t>(i)];
+          if (s < 0 || s >= slots_cap) continue;
+          float l[kLatentDim], r[kRopeDim];
+          for (int d = 0; d < kLatentDim; ++d) l[d] = bf16_in ? bf16_to_f32(lat16[static_cast<std::size_t>(i * kLatentDim + d)]) : lat[static_cast<std::size_t>(i * kLatentDim + d)];
+          for (int d = 0; d < kRopeDim; ++d) r[d] = bf16_in ? bf16_to_f32(rope16[static_cast<std::size_t>(i * kRopeDim + d)]) : rope[static_cast<std::size_t>(i * kRopeDim + d)];
+          codec::encode_record(f, l, r, outer, mode == Fp8ScaleMode::kExact ? codec::Fp8Scales::kExact : codec::Fp8Scales::kPow2,
+                               want.data() + s * rb);
+        }
+        DeviceBuffer<uint8_t> d_cache(want.size());
+        CUDA_OK(cudaMemset(d_cache.ptr, 0xAB, want.size()));
+        DeviceBuffer<int64_t> d_slots(slots.size());
+        d_slots.upload(slots);
+        DeviceBuffer<float> d_lat(lat.size()), d_rope(rope.size());
+        DeviceBuffer<uint16_t> d_lat16(lat16.size()), d_rope16(rope16.size());
+        d_lat.upload(lat);
+        d_rope.upload(rope);
+        d_lat16.upload(lat16);
+        d_rope16.upload(rope16);
+        DeviceBuffer<int> d_err(1);
+        CUDA_OK(cudaMemset(d_err.ptr, 0, sizeof(int)));
+        CacheLayerView v;
+        v.data = d_cache.ptr;
+        v.num_blocks = slots_cap / 16;
+        v.block_size = 16;
+        v.record_bytes = rb;
+        v.format = f;
+        v.outer_scale = outer;
+        v.device = Device::cuda(0);
+        const auto dt = bf16_in ? DType::kBF16 : DType::kF32;
+        const Status st = cuda::write_cache(
+            v, TensorView::contiguous(d_slots.ptr, DType::kI64, {n}, Device::cuda(0)),
+            TensorView::contiguous(bf16_in ? static_cast<void*>(d_lat16.ptr) : d_lat.ptr, dt, {n, kLatentDim}, Device::cuda(0)),
+            TensorView::contiguous(bf16_in ? static_cast<void*>(d_rope16.ptr) : d_rope.ptr, dt, {n, kRopeDim}, Device::cuda(0)),
+            mode, nullptr, d_err.ptr);
+        ASSERT_TRUE(st.ok()) << st.to_string();
+        CUDA_OK(cudaDeviceSynchronize());
+        const auto got = d_cache.download();
+        EXPECT_EQ(d_err.download()[0], 1) << "one slot was past capacity";
+        for (std::size_t k = 0; k < got.size(); ++k) {
+          ASSERT_EQ(got[k], want[k]) << "byte " << k << " (slot " << k / static_cast<std::size_t>(rb) << ", offset "
+                                     << k % static_cast<std::size_t>(rb) << ")";
+        }
+      }
+    }
+  }
+}
+
+TEST_F(Cuda, MergeAttnStatesMatchesTheCpu) {
+  const int P = 5, N = 37, D = 512;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd;
+  std::vector<float> o(static_cast<std::size_t>(P * N * D)), l(static_cast<std::size_t>(P * N));
+  for (float& x : o) x = nd(rng);
+  for (std::size_t k = 0; k < l.size(); ++k) l[k] = (k % 7 == 0) ? -INFINITY : nd(rng) * 3;
+  for (int n = 0; n < N; n += 9) {
+    for (int k = 0; k < P; ++k) l[static_cast<std::size_t>(k * N + n)] = -INFINITY;  // all-empty rows
+  }
+  std::vector<float> co(static_cast<std::size_t>(N * D)), cl(N);
+  ASSERT_TRUE(merge_attn_states(TensorView::contiguous(o.data(), DType::kF32, {P, N, D}),
+                                TensorView::contiguous(l.data(), DType::kF32, {P, N}),
+                                TensorView::contiguous(co.data(), DType::kF32, {N, D}),
+                                TensorView::contiguous(cl.data(), DType::kF32, {N}))
+                  .ok());
+  DeviceBuffer<float> d_o(o.size()), d_l(l.size()), d_co(co.size() + 2 * kGuard), d_cl(cl.size() + 2 * kGuard);
+  d_o.upload(o);
+  d_l.upload(l);
+  d_co.upload(std::vector<float>(co.size() + 2 * kGuard, kSentinel));
+  d_cl.upload(std::vector<float>(cl.size() + 2 * kGuard, kSentinel));
+  const Status st = cuda::merge_attn_states(TensorView::contiguous(d_o.ptr, DType::kF32, {P, N, D}, Device::cuda(0)),
+                                            TensorView::contiguous(d_l.ptr, DType::kF32, {P, N}, Device::cuda(0)),
+                                            TensorView::contiguous(d_co.ptr + kGuard, DType::kF32, {N, D}, Device::cuda(0)),
+                                            TensorView::contiguous(d_cl.ptr + kGuard, DType::kF32, {N}, Device::cuda(0)), nullptr);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  CUDA_OK(cudaDeviceSynchronize());
+  const auto go = d_co.download(), gl = d_cl.download();
+  for (int k = 0; k < kGuard; ++k) {
+    ASSERT_EQ(go[static_cast<std::size_t>(k)], kSentinel);
+    ASSERT_EQ(go[go.size() - 1 - static_cast<std::size_t>(k)], kSentinel);
+  }
+  for (int n = 0; n < N; ++n) {
+    // Same AttnState code on both sides; fp32 exp/log implementations differ by a few ulp.
+    if (std::isinf(cl[static_cast<std::size_t>(n)])) {
+      EXPECT_EQ(gl[static_cast<std::size_t>(kGuard + n)], -INFINITY);
+    } else {
+      EXPECT_NEAR(gl[static_cast<std::size_t>(kGuard + n)], cl[static_cast<std::size_t>(n)], 1e-5 * (1 + std::fabs(cl[static_cast<std::size_t>(n)])));
+    }
+    for (int d = 0; d < D; ++d) {
+      const float want = co[static_cast<std::size_t>(n * D + d)], got = go[static_cast<std::size_t>(kGuard + n * D + d)];
+      ASSERT_TRUE(std::isfinite(got));
+      ASSERT_NEAR(got, want, 1e-5 * (1 + std::fabs(want))) << "row " << n << " dim " << d;
+    }
+  }
+}
+
+TEST_F(Cuda, BadArgumentsAreStatusesNotCrashes) {
+  Case c;
+  Host t = build(c);
+  MlaAttentionParams p;
+  std::vector<float> out(c.heads * kLatentDim), lse(c.heads);
+  p.q = TensorView::contiguous(t.q.data(), DType::kF32, {1, 1, c.heads, kQkDim});  // host tensor
+  p.cache = t.view;
+  p.cache.device = Device::cuda(0);
+  p.block_table = TensorView::contiguous(t.table.data(), DType::kI32, {1, t.max_blocks}, Device::cuda(0));
+  p.seqlens = TensorView::contiguous(t.seqlens.data(), DType::kI32, {1}, Device::cuda(0));
+  p.softmax_scale = 0.1f;
+  p.out = TensorView::contiguous(out.data(), DType::kF32, {1, 1, c.heads, kLatentDim}, Device::cuda(0));
+  p.lse = TensorView::contiguous(lse.data(), DType::kF32, {1, 1, c.heads}, Device::cuda(0));
+  auto plan = cuda::plan_mla_attention(p);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_NE(plan.status().message().find("q: expected a tensor on cuda:0"), std::string::npos) << plan.status().message();
+  p.q.device = Device::cuda(0);
+  p.num_splits = 4;
+  plan = cuda::plan_mla_attention(p);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_GT(plan->workspace_bytes, 0u);
+  const Status st = cuda::run_mla_attention(p, *plan, nullptr, nullptr);
+  EXPECT_NE(st.message().find("workspace"), std::string::npos) << st.message();
+  p.num_splits = 2;
+  EXPECT_NE(cuda::run_mla_attention(p, *plan, nullptr, nullptr).message().find("plan is for 4 splits"), std::string::npos);
+  CacheLayerView host = t.view;
+  EXPECT_FALSE(cuda::write_cache(host, p.seqlens, p.q, p.q, Fp8ScaleMode::kPow2, nullptr).ok());
+}
+
+}  // namespace
+}  // namespace mlakv
+
+// A filter that selects no test is an error, not a silent pass.
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  const int rc = RUN_ALL_TESTS();
+  if (::testing::UnitTest::GetInstance()->test_to_run_count() == 0) {
+    std::fprintf(stderr, "error: the filter selects no test\n");
+    return 1;
+  }
+  return rc;
+}
