@@ -3,6 +3,7 @@
 // a preset (model_presets.cc) or by reading a Hugging Face config.json (weights/).
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <span>
 #include <string>
@@ -25,6 +26,8 @@ struct RopeConfig {
   double beta_slow = 1.0;
   double mscale = 1.0;
   double mscale_all_dim = 0.0;
+  // HF rope_parameters "truncate" (default true): floor/ceil the YaRN correction range.
+  bool truncate = true;
   // Multiplier on cos/sin (HF `attention_factor` of `_compute_yarn_parameters` /
   // `_compute_longrope_parameters`); 1.0 for every published MLA config.
   double attention_factor = 1.0;
@@ -49,6 +52,7 @@ struct ModelConfig {
   int v_head_dim = 0;        // V
   double rms_norm_eps = 1e-6;
   double kv_norm_eps = 1e-6;  // HF builds kv_a_layernorm with 1e-6 whatever rms_norm_eps says
+  double q_norm_eps = 1e-6;   // ... and q_a_layernorm the same way
   RopeConfig rope;
   // DSA indexer (V3.2 / GLM-5): number of cache layers (MTP included) that keep a
   // 132 B/token indexer key cache; 0 for models without one.

@@ -3,6 +3,7 @@
 // interface so they do not care where the bytes live.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <optional>

@@ -2,6 +2,7 @@
 // start and a finish line otherwise (logs stay readable).
 #pragma once
 
+#include <cstdint>
 #include <unistd.h>
 
 #include <chrono>

@@ -14,6 +14,8 @@
 //   5. O += P V: warp w owns output columns [128w, 128w+128) (V = K's first 512 dims).
 // Split-KV partials go to the workspace and a combine kernel merges them with the
 // AttnState rule of attn_state.h.
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -41,34 +43,48 @@ static_assert(kDimsPerWarp % 16 == 0 && kColsPerWarp % 16 == 0);
 
 using KParams = AttentionParams;
 
+// Pipeline depth: compressed formats stage raw records (2 tiles in flight, then
+// dequantize into the bf16 K tile); bf16 records are the K tile already, so they are
+// copied straight into a double-buffered K tile (1 tile in flight).
+__host__ __device__ constexpr bool direct_k(KvFormat f) { return f == KvFormat::kBf16; }
+__host__ __device__ constexpr int issue_distance(KvFormat f) { return direct_k(f) ? 1 : 2; }
+__host__ __device__ constexpr bool uses_lut(KvFormat f) {
+  return f == KvFormat::kNvfp4DsMla || f == KvFormat::kNvfp4DsMlaFp8Rope;
+}
+constexpr int kSlotRing = 4;  // tiles t .. t+3 (in use, in flight, issued, being fetched)
+
 struct Smem {
-  // K tile (bf16, padded rows); at kernel start it also stages Q.
-  uint16_t* k;      // [kTile][kKStride]
-  uint8_t* staging;      // [kTile][record_bytes]
-  float* s_part;         // [kWarps][kRows][kSStride]
-  uint16_t* p;      // [kRows][kPStride]
-  float* red_max;        // [kWarps][kRows]
-  float* red_sum;        // [kWarps][kRows]
-  int64_t* slots;        // [2][kTile]
-  int32_t* row_vis;      // [kRows]
+  uint16_t* k;        // K tile(s) (bf16, padded rows) [kbuf][kTile][kKStride]; Q is staged here first
+  uint8_t* staging;   // compressed formats: [2][kTile][record_bytes]
+  float2* lut;        // nvfp4: byte -> (e2m1(low nibble), e2m1(high nibble))
+  float* s_part;      // [kWarps][kRows][kSStride]
+  uint16_t* p;        // [kRows][kPStride]
+  float* red_max;     // [kWarps][kRows]
+  float* red_sum;     // [kWarps][kRows]
+  int64_t* slots;     // [kSlotRing][kTile]
+  int32_t* row_vis;   // [kRows]
 };
 
 __host__ __device__ constexpr std::size_t align16(std::size_t x) { return (x + 15) & ~std::size_t{15}; }
 
-__host__ __device__ inline std::size_t smem_bytes(int record_bytes) {
-  return align16(sizeof(uint16_t) * kTile * kKStride) + align16(static_cast<std::size_t>(kTile) * record_bytes) +
-         align16(sizeof(float) * kWarps * kRows * kSStride) + align16(sizeof(uint16_t) * kRows * kPStride) +
-         2 * align16(sizeof(float) * kWarps * kRows) + align16(sizeof(int64_t) * 2 * kTile) +
-         align16(sizeof(int32_t) * kRows);
+__host__ __device__ inline std::size_t smem_bytes(KvFormat f, int record_bytes) {
+  const std::size_t kbuf = direct_k(f) ? 2 : 1, stages = direct_k(f) ? 0 : 2;
+  return align16(sizeof(uint16_t) * kbuf * kTile * kKStride) + align16(stages * kTile * record_bytes) +
+         (uses_lut(f) ? align16(sizeof(float2) * 256) : 0) + align16(sizeof(float) * kWarps * kRows * kSStride) +
+         align16(sizeof(uint16_t) * kRows * kPStride) + 2 * align16(sizeof(float) * kWarps * kRows) +
+         align16(sizeof(int64_t) * kSlotRing * kTile) + align16(sizeof(int32_t) * kRows);
 }
 
+template <KvFormat F>
 __device__ inline Smem carve(uint8_t* base, int record_bytes) {
   Smem s;
   uint8_t* p = base;
   s.k = reinterpret_cast<uint16_t*>(p);
-  p += align16(sizeof(uint16_t) * kTile * kKStride);
+  p += align16(sizeof(uint16_t) * (direct_k(F) ? 2 : 1) * kTile * kKStride);
   s.staging = p;
-  p += align16(static_cast<std::size_t>(kTile) * record_bytes);
+  p += align16((direct_k(F) ? 0 : 2) * static_cast<std::size_t>(kTile) * record_bytes);
+  s.lut = reinterpret_cast<float2*>(p);
+  p += uses_lut(F) ? align16(sizeof(float2) * 256) : 0;
   s.s_part = reinterpret_cast<float*>(p);
   p += align16(sizeof(float) * kWarps * kRows * kSStride);
   s.p = reinterpret_cast<uint16_t*>(p);
@@ -78,22 +94,23 @@ __device__ inline Smem carve(uint8_t* base, int record_bytes) {
   s.red_sum = reinterpret_cast<float*>(p);
   p += align16(sizeof(float) * kWarps * kRows);
   s.slots = reinterpret_cast<int64_t*>(p);
-  p += align16(sizeof(int64_t) * 2 * kTile);
+  p += align16(sizeof(int64_t) * kSlotRing * kTile);
   s.row_vis = reinterpret_cast<int32_t*>(p);
   return s;
 }
 
-// Slot of entry `pos` of the CTA's token list, or -1 (skipped / past the end).
-__device__ inline int64_t token_slot(const KParams& p, int b, int i, int64_t pos, int64_t end) {
+// Token lookup in two halves, so the global read can be issued early and its result
+// used late: fetch -> raw block id / index (or -1), finish -> slot (or -1).
+__device__ inline int32_t token_fetch(const KParams& p, int b, int i, int64_t pos, int64_t end) {
   if (pos >= end) return -1;
-  if (p.sparse) {
-    const int32_t idx = p.indices[b * p.ix_s0 + i * p.ix_s1 + pos * p.ix_s2];
-    return (idx >= 0 && idx < p.num_slots) ? idx : -1;
-  }
+  if (p.sparse) return p.indices[b * p.ix_s0 + i * p.ix_s1 + pos * p.ix_s2];
   if (pos / p.block_size >= p.bt_cols) return -1;  // a seqlen past the table: never read past its row
-  const int32_t blk = p.block_table[b * p.bt_s0 + (pos / p.block_size) * p.bt_s1];
-  if (blk < 0 || blk >= p.num_blocks) return -1;  // never read outside the cache
-  return static_cast<int64_t>(blk) * p.block_size + pos % p.block_size;
+  return p.block_table[b * p.bt_s0 + (pos / p.block_size) * p.bt_s1];
+}
+__device__ inline int64_t token_finish(const KParams& p, int32_t raw, int64_t pos) {
+  if (p.sparse) return (raw >= 0 && raw < p.num_slots) ? raw : -1;
+  if (raw < 0 || raw >= p.num_blocks) return -1;  // never read outside the cache
+  return static_cast<int64_t>(raw) * p.block_size + pos % p.block_size;
 }
 
 __device__ inline void store8_bf16(uint16_t* dst, const float (&v)[8]) {
@@ -105,10 +122,25 @@ __device__ inline void store8_bf16(uint16_t* dst, const float (&v)[8]) {
   *reinterpret_cast<uint4*>(dst) = w;
 }
 
+// Four e4m3 bytes (little-endian in x) -> exact floats. The conversion to f16 is
+// exact (every e4m3 value is an f16), hardware on sm_89+, emulated before.
+__device__ inline void e4m3x4_to_f32(uint32_t x, float (&f)[4]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(x >> (16 * h)), __NV_E4M3);
+    __half_raw lo, hi;
+    lo.x = r.x;
+    hi.x = r.y;
+    f[2 * h] = __half2float(__half(lo));
+    f[2 * h + 1] = __half2float(__half(hi));
+  }
+}
+
 // Thread (record r, part q in 0..3) turns its quarter of a staged record into bf16:
 // latent dims [128q, 128q+128) and rope dims [16q, 16q+16). Invalid tokens become 0.
+// The products match core/record_codec.h's readers: e4m3 * s; (e2m1 * sf) * s_l.
 template <KvFormat F>
-__device__ inline void dequant_part(const uint8_t* rec, bool valid, float outer, int q, uint16_t* row) {
+__device__ inline void dequant_part(const Smem& sm, const uint8_t* rec, bool valid, float outer, int q, uint16_t* row) {
   uint16_t* lat = row + 128 * q;
   uint16_t* rop = row + kLatentDim + 16 * q;
   if (!valid) {
@@ -119,26 +151,20 @@ __device__ inline void dequant_part(const uint8_t* rec, bool valid, float outer,
     reinterpret_cast<uint4*>(rop)[1] = z;
     return;
   }
-  if constexpr (F == KvFormat::kBf16) {
-    const uint4* src = reinterpret_cast<const uint4*>(rec + 2 * 128 * q);
-#pragma unroll
-    for (int i = 0; i < 16; ++i) reinterpret_cast<uint4*>(lat)[i] = src[i];
-    const uint4* rs = reinterpret_cast<const uint4*>(rec + layout::bf16::kRopeOffset + 2 * 16 * q);
-    reinterpret_cast<uint4*>(rop)[0] = rs[0];
-    reinterpret_cast<uint4*>(rop)[1] = rs[1];
-  } else if constexpr (F == KvFormat::kFp8DsMla) {
+  if constexpr (F == KvFormat::kFp8DsMla) {
     namespace L = layout::fp8_ds_mla;
     const float s = *reinterpret_cast<const float*>(rec + L::kScaleOffset + 4 * q);
     const uint8_t* src = rec + L::kLatentOffset + 128 * q;
 #pragma unroll 4
     for (int i = 0; i < 128; i += 8) {
       const uint2 b = *reinterpret_cast<const uint2*>(src + i);
-      float v[8];
+      float v[8], f[4];
+      e4m3x4_to_f32(b.x, f);
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        v[j] = codec::fp8_dequantize(static_cast<uint8_t>(b.x >> (8 * j)), s);
-        v[4 + j] = codec::fp8_dequantize(static_cast<uint8_t>(b.y >> (8 * j)), s);
-      }
+      for (int j = 0; j < 4; ++j) v[j] = f[j] * s;
+      e4m3x4_to_f32(b.y, f);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) v[4 + j] = f[j] * s;
       store8_bf16(lat + i, v);
     }
     const uint4* rs = reinterpret_cast<const uint4*>(rec + L::kRopeOffset + 2 * 16 * q);
@@ -151,20 +177,14 @@ __device__ inline void dequant_part(const uint8_t* rec, bool valid, float outer,
       const int group = 8 * q + g;
       const float sf = e4m3_to_f32(rec[N::kScaleOffset + group]);
       const uint2 b = *reinterpret_cast<const uint2*>(rec + N::kLatentOffset + 8 * group);
-      float v[16];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const uint32_t x = (b.x >> (8 * j)) & 0xFFu, y = (b.y >> (8 * j)) & 0xFFu;
-        v[2 * j] = codec::nvfp4_dequantize(static_cast<uint8_t>(x & 0xFu), sf, outer);
-        v[2 * j + 1] = codec::nvfp4_dequantize(static_cast<uint8_t>(x >> 4), sf, outer);
-        v[8 + 2 * j] = codec::nvfp4_dequantize(static_cast<uint8_t>(y & 0xFu), sf, outer);
-        v[8 + 2 * j + 1] = codec::nvfp4_dequantize(static_cast<uint8_t>(y >> 4), sf, outer);
-      }
       float lo[8], hi[8];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        lo[j] = v[j];
-        hi[j] = v[8 + j];
+      for (int j = 0; j < 4; ++j) {
+        const float2 x = sm.lut[(b.x >> (8 * j)) & 0xFFu], y = sm.lut[(b.y >> (8 * j)) & 0xFFu];
+        lo[2 * j] = (x.x * sf) * outer;
+        lo[2 * j + 1] = (x.y * sf) * outer;
+        hi[2 * j] = (y.x * sf) * outer;
+        hi[2 * j + 1] = (y.y * sf) * outer;
       }
       store8_bf16(lat + 16 * g, lo);
       store8_bf16(lat + 16 * g + 8, hi);
@@ -178,14 +198,12 @@ __device__ inline void dequant_part(const uint8_t* rec, bool valid, float outer,
       const float rsc = *reinterpret_cast<const float*>(rec + R::kRopeScaleOffset);
       const uint4 b = *reinterpret_cast<const uint4*>(rec + R::kRopeOffset + 16 * q);
       const uint32_t w[4] = {b.x, b.y, b.z, b.w};
-      float v[16];
+      float lo[8], hi[8], f[4];
 #pragma unroll
-      for (int j = 0; j < 16; ++j) v[j] = e4m3_to_f32(static_cast<uint8_t>(w[j / 4] >> (8 * (j % 4)))) * rsc;
-      float lo[8], hi[8];
+      for (int j = 0; j < 4; ++j) {
+        e4m3x4_to_f32(w[j], f);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        lo[j] = v[j];
-        hi[j] = v[8 + j];
+        for (int k = 0; k < 4; ++k) (j < 2 ? lo : hi)[4 * (j % 2) + k] = f[k] * rsc;
       }
       store8_bf16(rop, lo);
       store8_bf16(rop + 8, hi);
@@ -196,7 +214,8 @@ __device__ inline void dequant_part(const uint8_t* rec, bool valid, float outer,
 template <KvFormat F>
 __global__ void __launch_bounds__(kThreads) mla_attention_kernel(KParams p) {
   extern __shared__ __align__(16) uint8_t smem_raw[];
-  const Smem sm = carve(smem_raw, p.record_bytes);
+  const Smem sm = carve<F>(smem_raw, p.record_bytes);
+  constexpr int D = issue_distance(F);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, c = lane & 3;
   const int row_block = blockIdx.x, split = blockIdx.z;
@@ -217,12 +236,11 @@ __global__ void __launch_bounds__(kThreads) mla_attention_kernel(KParams p) {
   // ---- token range of this split ----
   int64_t n_max;
   // Device seqlens are not validated by the host: clamp them to what the table covers.
-  const int32_t seqlen = p.sparse ? 0
-                                  : static_cast<int32_t>(std::clamp<int64_t>(p.seqlens[b * p.sl_s0], 0,
-                                                                             p.bt_cols * p.block_size));
+  const int32_t seqlen =
+      p.sparse ? 0 : static_cast<int32_t>(std::clamp<int64_t>(p.seqlens[b * p.sl_s0], 0, p.bt_cols * p.block_size));
   if (p.sparse) {
     n_max = p.topk;
-    if (p.topk_length != nullptr) n_max = std::min<int64_t>(n_max, p.topk_length[b * p.tl_s0]);
+    if (p.topk_length != nullptr) n_max = std::clamp<int64_t>(p.topk_length[b * p.tl_s0], 0, n_max);
   } else {
     const int last_row = std::min(row0 + kRows, rows_req) - 1;
     const int i_last = last_row / p.H;
@@ -231,13 +249,16 @@ __global__ void __launch_bounds__(kThreads) mla_attention_kernel(KParams p) {
   const int64_t chunk = (n_max + p.num_splits - 1) / p.num_splits;
   const int64_t begin = std::min<int64_t>(n_max, split * chunk), end = std::min<int64_t>(n_max, begin + chunk);
   const int n_tiles = static_cast<int>((end - begin + kTile - 1) / kTile);
+  auto tile_pos = [&](int tile, int t) { return begin + static_cast<int64_t>(tile) * kTile + t; };
 
-  // ---- Q (bf16) staged in the K tile area, then kept as A fragments in registers ----
+  // ---- Q (bf16) staged in a K buffer the first loads do not target ----
+  uint16_t* q_stage = sm.k + (direct_k(F) ? kTile * kKStride : 0);
   for (int e = tid; e < kRows * (kQkDim / 2); e += kThreads) {
     const int r = e / (kQkDim / 2), d = 2 * (e % (kQkDim / 2));
     float v0 = 0.0f, v1 = 0.0f;
     if (row0 + r < rows_req) {
-      const int64_t off = b * p.q_s0 + static_cast<int64_t>(row_query(r)) * p.q_s1 + static_cast<int64_t>(row_head(r)) * p.q_s2 + d;
+      const int64_t off =
+          b * p.q_s0 + static_cast<int64_t>(row_query(r)) * p.q_s1 + static_cast<int64_t>(row_head(r)) * p.q_s2 + d;
       if (p.q_bf16) {
         v0 = bf16_to_f32(static_cast<const uint16_t*>(p.q)[off]);
         v1 = bf16_to_f32(static_cast<const uint16_t*>(p.q)[off + 1]);
@@ -246,7 +267,7 @@ __global__ void __launch_bounds__(kThreads) mla_attention_kernel(KParams p) {
         v1 = static_cast<const float*>(p.q)[off + 1];
       }
     }
-    *reinterpret_cast<uint32_t*>(sm.k + r * kKStride + d) = ptx::pack_bf16x2(v0, v1);
+    *reinterpret_cast<uint32_t*>(q_stage + r * kKStride + d) = ptx::pack_bf16x2(v0, v1);
   }
   if (tid < kRows) {
     int32_t vis = 0;
@@ -260,29 +281,50 @@ __global__ void __launch_bounds__(kThreads) mla_attention_kernel(KParams p) {
     }
     sm.row_vis[tid] = vis;
   }
-  if (tid < kTile) sm.slots[tid] = token_slot(p, b, i_fixed, begin + tid, end);
+  if constexpr (uses_lut(F)) {
+    for (int e = tid; e < 256; e += kThreads) {
+      sm.lut[e] = make_float2(e2m1_to_f32(static_cast<uint8_t>(e & 0xF)), e2m1_to_f32(static_cast<uint8_t>(e >> 4)));
+    }
+  }
+  // Slots of the first D + 1 tiles (later ones are prefetched inside the loop).
+  if (tid < kTile) {
+    for (int u = 0; u <= D; ++u) {
+      const int64_t pos = tile_pos(u, tid);
+      sm.slots[(u % kSlotRing) * kTile + tid] = token_finish(p, token_fetch(p, b, i_fixed, pos, end), pos);
+    }
+  }
   __syncthreads();
 
   uint32_t aq[kDimsPerWarp / 16][4];
 #pragma unroll
   for (int ks = 0; ks < kDimsPerWarp / 16; ++ks) {
     const int col = warp * kDimsPerWarp + ks * 16 + (lane >> 4) * 8;
-    ptx::ldmatrix_x4(aq[ks], ptx::smem_addr(sm.k + (lane & 15) * kKStride + col));
+    ptx::ldmatrix_x4(aq[ks], ptx::smem_addr(q_stage + (lane & 15) * kKStride + col));
   }
 
-  // Issue the loads of tile 0.
-  auto issue_tile = [&](int buf) {
-    const int chunks = p.record_bytes / 16;
-    for (int e = tid; e < kTile * chunks; e += kThreads) {
-      const int t = e / chunks, k = e % chunks;
-      const int64_t slot = sm.slots[buf * kTile + t];
-      if (slot >= 0) {
-        ptx::cp_async_16(ptx::smem_addr(sm.staging + t * p.record_bytes + 16 * k), p.cache + slot * p.record_bytes + 16 * k);
+  // Loads of one tile: warp w takes records w, w+4, ...; lanes take its 16-byte chunks.
+  // Compressed formats land in staging[tile % 2]; bf16 lands in K[tile % 2] directly
+  // (invalid tokens are zero-filled there). Always commits one group.
+  auto issue_tile = [&](int tile) {
+    if (tile < n_tiles) {
+      const int chunks = p.record_bytes / 16;
+      const int64_t* slots = sm.slots + (tile % kSlotRing) * kTile;
+      for (int t = warp; t < kTile; t += kWarps) {
+        const int64_t slot = slots[t];
+        uint8_t* dst = direct_k(F) ? reinterpret_cast<uint8_t*>(sm.k + ((tile & 1) * kTile + t) * kKStride)
+                                   : sm.staging + ((tile & 1) * kTile + t) * p.record_bytes;
+        for (int k = lane; k < chunks; k += 32) {
+          if (slot >= 0) {
+            ptx::cp_async_16(ptx::smem_addr(dst + 16 * k), p.cache + slot * p.record_bytes + 16 * k);
+          } else if (direct_k(F)) {
+            *reinterpret_cast<uint4*>(dst + 16 * k) = make_uint4(0, 0, 0, 0);
+          }
+        }
       }
     }
     ptx::cp_async_commit();
   };
-  if (n_tiles > 0) issue_tile(0);
+  for (int u = 0; u < D; ++u) issue_tile(u);
 
   float o[kColsPerWarp / 8][4];
 #pragma unroll
@@ -290,20 +332,28 @@ __global__ void __launch_bounds__(kThreads) mla_attention_kernel(KParams p) {
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};  // rows g, g+8 (log2 domain)
 
   for (int tile = 0; tile < n_tiles; ++tile) {
-    const int buf = tile & 1;
-    const int64_t tile_begin = begin + static_cast<int64_t>(tile) * kTile;
-    ptx::cp_async_wait_all();
-    __syncthreads();  // staging holds this tile; every warp is done with the previous K tile
-    {
+    const int64_t* slots = sm.slots + (tile % kSlotRing) * kTile;
+    const int64_t tile_begin = tile_pos(tile, 0);
+    // The block-table / index entry of tile + D + 1, read now and stored at the end
+    // of the iteration, so its latency hides behind this tile's math.
+    const int fetch_tile = tile + D + 1;
+    int32_t fetched = -1;
+    if (tid < kTile && fetch_tile < n_tiles) fetched = token_fetch(p, b, i_fixed, tile_pos(fetch_tile, tid), end);
+
+    if constexpr (D == 2) {
+      ptx::cp_async_wait_group<1>();  // this tile landed; the next one may still fly
+    } else {
+      ptx::cp_async_wait_group<0>();
+    }
+    __syncthreads();  // loads visible; every warp is done with the previous tile
+    const uint16_t* kt = sm.k + (direct_k(F) ? (tile & 1) * kTile * kKStride : 0);
+    if constexpr (!direct_k(F)) {
       const int r = tid >> 2, q = tid & 3;
-      const int64_t slot = sm.slots[buf * kTile + r];
-      dequant_part<F>(sm.staging + r * p.record_bytes, slot >= 0, p.outer_scale, q, sm.k + r * kKStride);
+      dequant_part<F>(sm, sm.staging + ((tile & 1) * kTile + r) * p.record_bytes, slots[r] >= 0, p.outer_scale, q,
+                      sm.k + r * kKStride);
+      __syncthreads();  // K tile complete; staging[tile & 1] free again
     }
-    if (tile + 1 < n_tiles && tid < kTile) {
-      sm.slots[(buf ^ 1) * kTile + tid] = token_slot(p, b, i_fixed, tile_begin + kTile + tid, end);
-    }
-    __syncthreads();
-    if (tile + 1 < n_tiles) issue_tile(buf ^ 1);
+    issue_tile(tile + D);
 
     // ---- S partial over this warp's 144 dims, all 32 tokens ----
     float s[kTile / 8][4];
@@ -317,7 +367,7 @@ __global__ void __launch_bounds__(kThreads) mla_attention_kernel(KParams p) {
         uint32_t kb[4];
         const int tok = 16 * np + (lane & 7) + (lane >> 4) * 8;
         const int dim = d0 + ((lane >> 3) & 1) * 8;
-        ptx::ldmatrix_x4(kb, ptx::smem_addr(sm.k + tok * kKStride + dim));
+        ptx::ldmatrix_x4(kb, ptx::smem_addr(kt + tok * kKStride + dim));
         ptx::mma_bf16_16816(s[2 * np], aq[ks], kb[0], kb[1]);
         ptx::mma_bf16_16816(s[2 * np + 1], aq[ks], kb[2], kb[3]);
       }
@@ -341,7 +391,7 @@ __global__ void __launch_bounds__(kThreads) mla_attention_kernel(KParams p) {
         float acc = 0.0f;
 #pragma unroll
         for (int w = 0; w < kWarps; ++w) acc += sm.s_part[(w * kRows + row) * kSStride + tok];
-        const bool ok = sm.slots[buf * kTile + tok] >= 0 && tile_begin + tok < sm.row_vis[row];
+        const bool ok = slots[tok] >= 0 && tile_begin + tok < sm.row_vis[row];
         sc[rr][j] = ok ? acc * p.scale_log2 : -INFINITY;
       }
     }
@@ -401,12 +451,17 @@ __global__ void __launch_bounds__(kThreads) mla_attention_kernel(KParams p) {
         uint32_t vb[4];
         const int tok = 16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8;
         const int dim = warp * kColsPerWarp + 16 * np + (lane >> 4) * 8;
-        ptx::ldmatrix_x4_trans(vb, ptx::smem_addr(sm.k + tok * kKStride + dim));
+        ptx::ldmatrix_x4_trans(vb, ptx::smem_addr(kt + tok * kKStride + dim));
         ptx::mma_bf16_16816(o[2 * np], pa, vb[0], vb[1]);
         ptx::mma_bf16_16816(o[2 * np + 1], pa, vb[2], vb[3]);
       }
     }
+    if (tid < kTile && fetch_tile < n_tiles) {
+      const int64_t pos = tile_pos(fetch_tile, tid);
+      sm.slots[(fetch_tile % kSlotRing) * kTile + tid] = token_finish(p, fetched, pos);
+    }
   }
+  ptx::cp_async_wait_group<0>();
 
   // ---- finalize: normalize, write out/lse or the split partial ----
 #pragma unroll
@@ -481,10 +536,10 @@ cudaError_t configure_format(std::size_t smem) {
 
 }  // namespace
 
-std::size_t attention_smem_bytes(int record_bytes) { return smem_bytes(record_bytes); }
+
 
 int configure_attention(KvFormat format, int record_bytes) {
-  const std::size_t smem = smem_bytes(record_bytes);
+  const std::size_t smem = smem_bytes(format, record_bytes);
   switch (format) {
     case KvFormat::kBf16: return static_cast<int>(configure_format<KvFormat::kBf16>(smem));
     case KvFormat::kFp8DsMla: return static_cast<int>(configure_format<KvFormat::kFp8DsMla>(smem));
@@ -497,7 +552,7 @@ int configure_attention(KvFormat format, int record_bytes) {
 int launch_attention(KvFormat format, const AttentionParams& kp, int row_blocks, void* stream_ptr) {
   const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(kp.sparse ? kp.B * kp.s_q : kp.B),
                   static_cast<unsigned>(kp.num_splits));
-  const std::size_t smem = smem_bytes(kp.record_bytes);
+  const std::size_t smem = smem_bytes(format, kp.record_bytes);
   cudaStream_t s = static_cast<cudaStream_t>(stream_ptr);
   cudaError_t e = cudaSuccess;
   switch (format) {

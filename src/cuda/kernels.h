@@ -44,8 +44,6 @@ struct AttentionParams {
 
 inline constexpr int kAttentionRows = 16;  // query rows per CTA
 
-// Shared memory one CTA needs for a record size.
-std::size_t attention_smem_bytes(int record_bytes);
 // Raises the kernel's dynamic shared-memory limit (host call; done at plan time so
 // that run_mla_attention issues nothing but launches, e.g. under graph capture).
 int configure_attention(KvFormat format, int record_bytes);

@@ -7,15 +7,15 @@
 //
 // Attention tolerance (derived per output element). The kernel rounds q, the
 // dequantized K/V and the softmax weights P to bf16 and accumulates in fp32. An
-// emulation in float64 that applies the same q/K/V roundings leaves two differences:
+// emulation in float64 that applies the same q/K/V roundings leaves:
 //  (1) fp32 accumulation of the 576-term scores: |ds| <= d = 576 u scale sum|q K|
-//      (u = 2^-24), which moves each softmax weight by a factor within e^(+-2d);
-//  (2) rounding P to bf16 (relative <= 2^-8 per weight, on both sides of the
-//      comparison it need not match the emulation's), plus the fp32 sums over n
-//      tokens and S splits.
-// A convex combination o = sum_t w_t v_t whose weights move by relative e changes by
-// at most e * MAD, MAD = sum_t w_t |v_t - o|, so
-//   tol = (e^(2d) - 1 + 2^-7) * MAD / (1 - e) + (2n + 8 + 4S) u max|v|.
+//      (u = 2^-24). Scores move numerator and denominator alike, so the weights of
+//      the convex combination o = sum_t w_t v_t move by a relative e_s <= e^(2d) - 1
+//      and o by at most e_s MAD / (1 - e_s), MAD = sum_t w_t |v_t - o|;
+//  (2) P rounded to bf16 (relative <= 2^-8 per weight) in the numerator only (the
+//      denominator sums the unrounded fp32 weights), so o moves by at most
+//      2^-8 (1 + e_s) MAV, MAV = sum_t w_t |v_t|;
+//  (3) the fp32 sums over n tokens and S splits: (2n + 8 + 4S) u max|v|.
 // lse: tol = d + (n + 8) u + 4 u |lse| (exp2/log2 approximations included).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -238,20 +238,23 @@ void emulate(const Host& t, float scale, std::vector<double>& o, std::vector<dou
         double sum = 0;
         std::vector<double> w(n);
         for (std::size_t k = 0; k < n; ++k) sum += (w[k] = std::exp(s[k] - mx));
-        const double e = std::expm1(2 * dmax) + std::ldexp(1.0, -7);
+        const double es = std::expm1(2 * dmax);
         for (int d = 0; d < kLatentDim; ++d) {
-          double acc = 0, vmax = 0;
+          double acc = 0, vmax = 0, mav = 0;
           for (std::size_t k = 0; k < n; ++k) {
-            acc += w[k] * keys[k * kQkDim + static_cast<std::size_t>(d)];
-            vmax = std::max(vmax, std::fabs(keys[k * kQkDim + static_cast<std::size_t>(d)]));
+            const double v = keys[k * kQkDim + static_cast<std::size_t>(d)];
+            acc += w[k] * v;
+            mav += w[k] * std::fabs(v);
+            vmax = std::max(vmax, std::fabs(v));
           }
           const double od = acc / sum;
           double mad = 0;
           for (std::size_t k = 0; k < n; ++k) mad += w[k] * std::fabs(keys[k * kQkDim + static_cast<std::size_t>(d)] - od);
           mad /= sum;
+          mav /= sum;
           o[row * kLatentDim + static_cast<std::size_t>(d)] = od;
-          tol_o[row * kLatentDim + static_cast<std::size_t>(d)] =
-              e * mad / (1 - e) + (2.0 * static_cast<double>(n) + 8 + 4.0 * c.splits) * kU * vmax + 1e-30;
+          tol_o[row * kLatentDim + static_cast<std::size_t>(d)] = es * mad / (1 - es) + std::ldexp(1.0, -8) * (1 + es) * mav +
+                                                                  (2.0 * static_cast<double>(n) + 8 + 4.0 * c.splits) * kU * vmax + 1e-30;
         }
         lse[row] = mx + std::log(sum);
         tol_l[row] = dmax + (static_cast<double>(n) + 8) * kU + 4 * kU * std::fabs(lse[row]);
