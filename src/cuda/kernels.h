@@ -74,4 +74,24 @@ struct WriterParams {
 
 int launch_write_cache(KvFormat format, const WriterParams& p, void* stream);
 
+// ---- the layer path ---------------------------------------------------------------
+// y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w, for `rows` rows of n floats.
+int launch_rmsnorm(const float* x, int64_t x_stride, int n, const float* w, float eps, float* y, int64_t y_stride,
+                   int64_t rows, void* stream);
+// x[r][i] += b[i].
+int launch_add_bias(float* x, int64_t stride, const float* b, int n, int64_t rows, void* stream);
+
+struct RopeArgs {
+  const float* src;  // src[t * src_row_stride + h * src_head_stride + src_offset + i]
+  int64_t src_row_stride, src_head_stride, src_offset;
+  float* dst;        // same indexing with the dst_* strides
+  int64_t dst_row_stride, dst_head_stride, dst_offset;
+  const float* cos;  // [tokens, rope_dim / 2]
+  const float* sin;
+  int64_t tokens;
+  int heads, rope_dim;
+  bool interleaved;  // pairs (2i, 2i+1); else (i, i + R/2)
+};
+int launch_rope(const RopeArgs& a, void* stream);
+
 }  // namespace mlakv::cuda::kernels

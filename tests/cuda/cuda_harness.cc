@@ -23,7 +23,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <functional>
+#include <iterator>
+#include <nlohmann/json.hpp>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -33,6 +36,10 @@
 #include "core/record_codec.h"
 #include "mlakv/attention.h"
 #include "mlakv/cuda.h"
+#include "mlakv/cuda_layer.h"
+#include "mlakv/hf_config.h"
+#include "mlakv/mla_layer.h"
+#include "mlakv/safetensors.h"
 
 namespace mlakv {
 namespace {
@@ -618,6 +625,104 @@ TEST_F(Cuda, MergeAttnStatesMatchesTheCpu) {
       const float want = co[static_cast<std::size_t>(n * D + d)], got = go[static_cast<std::size_t>(kGuard + n * D + d)];
       ASSERT_TRUE(std::isfinite(got));
       ASSERT_NEAR(got, want, 1e-5 * (1 + std::fabs(want))) << "row " << n << " dim " << d;
+    }
+  }
+}
+
+// ---- the GPU layer path against the CPU layer ---------------------------------------------
+// The GPU layer differs from the CPU one only inside the attention (bf16 q, K/V and P,
+// bounded per element by the tolerance above: <= 2^-8 MAV + the score term, i.e. about
+// 2^-8 relative) and in fp32-vs-f64 projections (~1e-6 relative). W_UV and o_proj are
+// linear, so the layer output's relative L2 error stays near 2^-8; the check allows
+// 2^-6 (4x) and requires the outputs to be finite and the same shape.
+TEST_F(Cuda, LayerForwardMatchesTheCpuLayer) {
+  for (const char* name : {"deepseek_v3", "deepseek_v2_lite", "glm4_moe_lite", "kimi_k2"}) {
+    for (KvFormat f : {KvFormat::kBf16, KvFormat::kFp8DsMla, KvFormat::kNvfp4DsMlaFp8Rope}) {
+      SCOPED_TRACE(std::string(name) + " " + std::string(format_name(f)));
+      const std::string dir = std::string(MLAKV_TEST_DATA_DIR) + "/hf_parity/" + name;
+      auto cfg = load_hf_config(dir);
+      ASSERT_TRUE(cfg.ok()) << cfg.status().to_string();
+      auto ck = Checkpoint::open(dir);
+      ASSERT_TRUE(ck.ok()) << ck.status().to_string();
+      MlaLoadOptions lo;
+      auto cfg_text = std::ifstream(dir + "/config.json");
+      std::string text((std::istreambuf_iterator<char>(cfg_text)), std::istreambuf_iterator<char>());
+      auto j = nlohmann::json::parse(text);
+      if (j.contains("quantization_config")) {
+        auto parsed = parse_weight_quant_options(j["quantization_config"].dump());
+        ASSERT_TRUE(parsed.ok()) << parsed.status().to_string();
+        lo.quant = *parsed;
+      }
+      auto io = SafetensorsFile::open(dir + "/io.safetensors");
+      ASSERT_TRUE(io.ok()) << io.status().to_string();
+      const auto& meta = (*io)->metadata();
+      const int layer = meta.count("layer") ? std::atoi(meta.at("layer").c_str()) : 0;
+      auto w = load_mla_layer(**ck, *cfg, layer, lo);
+      ASSERT_TRUE(w.ok()) << w.status().to_string();
+      const TensorView hs = *(*io)->find("hidden_states");
+      const TensorView ps = *(*io)->find("positions");
+      const int64_t T = hs.size(0), D = hs.size(1);
+      std::vector<float> hidden(hs.ptr<const float>(), hs.ptr<const float>() + T * D);
+      std::vector<int64_t> pos(ps.ptr<const int64_t>(), ps.ptr<const int64_t>() + T);
+      // Prefill T-1 tokens, then decode the last one, on both devices.
+      KvCache::Config kc;
+      kc.num_blocks = (T + 15) / 16 + 1;
+      kc.block_size = 16;
+      kc.layers = {{f, 1.0f}};
+      auto cpu_cache = PagedKvCache::create_cpu(kc);
+      ASSERT_TRUE(cpu_cache.ok());
+      auto gpu_blocks = BlockManager::create(kc.num_blocks, kc.block_size);
+      const SeqId cs = (*cpu_cache)->add_sequence(), gs = gpu_blocks->add_sequence();
+      auto dl = cuda::DeviceMlaLayer::upload(*w, *cfg);
+      ASSERT_TRUE(dl.ok()) << dl.status().to_string();
+      DeviceBuffer<uint8_t> d_cache(static_cast<std::size_t>(kc.num_blocks * kc.block_size * record_bytes(f)));
+      CUDA_OK(cudaMemset(d_cache.ptr, 0, d_cache.n));
+      CacheLayerView gv = *(*cpu_cache)->storage().layer(0);
+      gv.data = d_cache.ptr;
+      gv.device = Device::cuda(0);
+      const int64_t chunks[2][2] = {{0, T - 1}, {T - 1, T}};
+      for (const auto& ch : chunks) {
+        const int64_t n = ch[1] - ch[0];
+        ASSERT_TRUE((*cpu_cache)->append(cs, n).ok());
+        auto slots = gpu_blocks->append(gs, n);
+        ASSERT_TRUE(slots.ok());
+        std::vector<float> cpu_out(static_cast<std::size_t>(n * D)), gpu_out(static_cast<std::size_t>(n * D));
+        const Status st = mla_layer_forward(
+            *w, *cfg, **cpu_cache, 0, cs, TensorView::contiguous(hidden.data() + ch[0] * D, DType::kF32, {n, D}),
+            TensorView::contiguous(pos.data() + ch[0], DType::kI64, {n}),
+            TensorView::contiguous(cpu_out.data(), DType::kF32, {n, D}));
+        ASSERT_TRUE(st.ok()) << st.to_string();
+        std::vector<int32_t> table;
+        std::vector<int32_t> lens;
+        int64_t max_blocks = 0;
+        const SeqId one[1] = {gs};
+        ASSERT_TRUE(gpu_blocks->fill_tables(one, table, max_blocks, lens).ok());
+        DeviceBuffer<int32_t> d_table(table.size());
+        d_table.upload(table);
+        DeviceBuffer<int64_t> d_slots(slots->size());
+        d_slots.upload(*slots);
+        DeviceBuffer<float> d_hidden(static_cast<std::size_t>(n * D)), d_out(static_cast<std::size_t>(n * D));
+        d_hidden.upload(std::vector<float>(hidden.begin() + ch[0] * D, hidden.begin() + ch[1] * D));
+        const Status gst = (*dl)->forward(gv, TensorView::contiguous(d_table.ptr, DType::kI32, {1, max_blocks}, Device::cuda(0)),
+                                          lens[0], TensorView::contiguous(d_slots.ptr, DType::kI64, {n}, Device::cuda(0)),
+                                          TensorView::contiguous(d_hidden.ptr, DType::kF32, {n, D}, Device::cuda(0)),
+                                          std::span<const int64_t>(pos.data() + ch[0], static_cast<std::size_t>(n)),
+                                          TensorView::contiguous(d_out.ptr, DType::kF32, {n, D}, Device::cuda(0)));
+        ASSERT_TRUE(gst.ok()) << gst.to_string();
+        gpu_out = d_out.download();
+        double num = 0, den = 0;
+        for (std::size_t k = 0; k < cpu_out.size(); ++k) {
+          ASSERT_TRUE(std::isfinite(gpu_out[k])) << "element " << k;
+          num += (static_cast<double>(gpu_out[k]) - cpu_out[k]) * (static_cast<double>(gpu_out[k]) - cpu_out[k]);
+          den += static_cast<double>(cpu_out[k]) * cpu_out[k];
+        }
+        const double rel = std::sqrt(num / std::max(den, 1e-300));
+        EXPECT_LE(rel, std::ldexp(1.0, -6)) << "chunk [" << ch[0] << ", " << ch[1] << ")";
+        RecordProperty(std::string("rel_l2_") + name + "_" + std::string(format_name(f)) + "_" + std::to_string(ch[0]),
+                       std::to_string(rel));
+        std::printf("  layer %-18s %-22s tokens [%2lld, %2lld): GPU vs CPU relative L2 %.3e\n", name,
+                    std::string(format_name(f)).c_str(), static_cast<long long>(ch[0]), static_cast<long long>(ch[1]), rel);
+      }
     }
   }
 }
