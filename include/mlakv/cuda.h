@@ -45,7 +45,8 @@ struct AttentionPlan {
   std::size_t workspace_bytes = 0;  // caller allocates this much device memory
 };
 
-// A split count that fills `multiprocessors` for this batch shape (host arithmetic).
+// A split count that fills every CTA slot of a GPU with `multiprocessors` SMs once for
+// this batch shape and record format (uses the CUDA occupancy API; host only).
 int suggest_num_splits(const MlaAttentionParams& p, int multiprocessors);
 
 // Validates shapes/dtypes/devices (cache and every tensor on the same CUDA device),

@@ -35,7 +35,7 @@ constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kKStride = kQkDim + 8;  // bf16 per smem K/Q row: 1168 B = 292 words -> conflict-free ldmatrix
 constexpr int kPStride = kTile + 8;   // bf16 per P row: 80 B = 20 words -> conflict-free ldmatrix
-constexpr int kSStride = kTile + 4;   // f32 per partial-S row
+constexpr int kSStride = kTile + 2;   // f32 per partial-S row (even: float2 stores)
 constexpr int kDimsPerWarp = kQkDim / kWarps;   // 144 = 9 k-steps of 16
 constexpr int kColsPerWarp = kLatentDim / kWarps;  // 128 = 16 n-tiles of 8
 constexpr float kLn2 = 0.6931471805599453f;
@@ -43,11 +43,15 @@ static_assert(kDimsPerWarp % 16 == 0 && kColsPerWarp % 16 == 0);
 
 using KParams = AttentionParams;
 
-// Pipeline depth: compressed formats stage raw records (2 tiles in flight, then
-// dequantize into the bf16 K tile); bf16 records are the K tile already, so they are
-// copied straight into a double-buffered K tile (1 tile in flight).
+// Pipeline depth: compressed formats stage raw records and dequantize them into the
+// bf16 K tile; bf16 records are the K tile already, so they are copied straight into a
+// double-buffered K tile (1 tile in flight). Staging depth is chosen per format so that
+// three CTAs fit in an SM's 228 KB (nvfp4: two stages; fp8: one; bf16: two CTAs/SM).
 __host__ __device__ constexpr bool direct_k(KvFormat f) { return f == KvFormat::kBf16; }
-__host__ __device__ constexpr int issue_distance(KvFormat f) { return direct_k(f) ? 1 : 2; }
+__host__ __device__ constexpr int staging_stages(KvFormat f) {
+  return direct_k(f) ? 0 : (f == KvFormat::kFp8DsMla ? 1 : 2);
+}
+__host__ __device__ constexpr int issue_distance(KvFormat f) { return direct_k(f) ? 1 : staging_stages(f); }
 __host__ __device__ constexpr bool uses_lut(KvFormat f) {
   return f == KvFormat::kNvfp4DsMla || f == KvFormat::kNvfp4DsMlaFp8Rope;
 }
@@ -56,7 +60,7 @@ constexpr int kSlotRing = 4;  // tiles t .. t+3 (in use, in flight, issued, bein
 struct Smem {
   uint16_t* k;        // K tile(s) (bf16, padded rows) [kbuf][kTile][kKStride]; Q is staged here first
   uint8_t* staging;   // compressed formats: [2][kTile][record_bytes]
-  float2* lut;        // nvfp4: byte -> (e2m1(low nibble), e2m1(high nibble))
+  float* lut;         // nvfp4: e2m1 code -> value (16 entries)
   float* s_part;      // [kWarps][kRows][kSStride]
   uint16_t* p;        // [kRows][kPStride]
   float* red_max;     // [kWarps][kRows]
@@ -68,9 +72,9 @@ struct Smem {
 __host__ __device__ constexpr std::size_t align16(std::size_t x) { return (x + 15) & ~std::size_t{15}; }
 
 __host__ __device__ inline std::size_t smem_bytes(KvFormat f, int record_bytes) {
-  const std::size_t kbuf = direct_k(f) ? 2 : 1, stages = direct_k(f) ? 0 : 2;
+  const std::size_t kbuf = direct_k(f) ? 2 : 1, stages = staging_stages(f);
   return align16(sizeof(uint16_t) * kbuf * kTile * kKStride) + align16(stages * kTile * record_bytes) +
-         (uses_lut(f) ? align16(sizeof(float2) * 256) : 0) + align16(sizeof(float) * kWarps * kRows * kSStride) +
+         (uses_lut(f) ? align16(sizeof(float) * 16) : 0) + align16(sizeof(float) * kWarps * kRows * kSStride) +
          align16(sizeof(uint16_t) * kRows * kPStride) + 2 * align16(sizeof(float) * kWarps * kRows) +
          align16(sizeof(int64_t) * kSlotRing * kTile) + align16(sizeof(int32_t) * kRows);
 }
@@ -82,9 +86,9 @@ __device__ inline Smem carve(uint8_t* base, int record_bytes) {
   s.k = reinterpret_cast<uint16_t*>(p);
   p += align16(sizeof(uint16_t) * (direct_k(F) ? 2 : 1) * kTile * kKStride);
   s.staging = p;
-  p += align16((direct_k(F) ? 0 : 2) * static_cast<std::size_t>(kTile) * record_bytes);
-  s.lut = reinterpret_cast<float2*>(p);
-  p += uses_lut(F) ? align16(sizeof(float2) * 256) : 0;
+  p += align16(staging_stages(F) * static_cast<std::size_t>(kTile) * record_bytes);
+  s.lut = reinterpret_cast<float*>(p);
+  p += uses_lut(F) ? align16(sizeof(float) * 16) : 0;
   s.s_part = reinterpret_cast<float*>(p);
   p += align16(sizeof(float) * kWarps * kRows * kSStride);
   s.p = reinterpret_cast<uint16_t*>(p);
@@ -180,11 +184,11 @@ __device__ inline void dequant_part(const Smem& sm, const uint8_t* rec, bool val
       float lo[8], hi[8];
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const float2 x = sm.lut[(b.x >> (8 * j)) & 0xFFu], y = sm.lut[(b.y >> (8 * j)) & 0xFFu];
-        lo[2 * j] = (x.x * sf) * outer;
-        lo[2 * j + 1] = (x.y * sf) * outer;
-        hi[2 * j] = (y.x * sf) * outer;
-        hi[2 * j + 1] = (y.y * sf) * outer;
+        const uint32_t x = b.x >> (8 * j), y = b.y >> (8 * j);
+        lo[2 * j] = (sm.lut[x & 0xFu] * sf) * outer;
+        lo[2 * j + 1] = (sm.lut[(x >> 4) & 0xFu] * sf) * outer;
+        hi[2 * j] = (sm.lut[y & 0xFu] * sf) * outer;
+        hi[2 * j + 1] = (sm.lut[(y >> 4) & 0xFu] * sf) * outer;
       }
       store8_bf16(lat + 16 * g, lo);
       store8_bf16(lat + 16 * g + 8, hi);
@@ -216,6 +220,7 @@ __global__ void __launch_bounds__(kThreads) mla_attention_kernel(KParams p) {
   extern __shared__ __align__(16) uint8_t smem_raw[];
   const Smem sm = carve<F>(smem_raw, p.record_bytes);
   constexpr int D = issue_distance(F);
+  constexpr int kStages = staging_stages(F) > 0 ? staging_stages(F) : 1;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, c = lane & 3;
   const int row_block = blockIdx.x, split = blockIdx.z;
@@ -282,9 +287,7 @@ __global__ void __launch_bounds__(kThreads) mla_attention_kernel(KParams p) {
     sm.row_vis[tid] = vis;
   }
   if constexpr (uses_lut(F)) {
-    for (int e = tid; e < 256; e += kThreads) {
-      sm.lut[e] = make_float2(e2m1_to_f32(static_cast<uint8_t>(e & 0xF)), e2m1_to_f32(static_cast<uint8_t>(e >> 4)));
-    }
+    if (tid < 16) sm.lut[tid] = e2m1_to_f32(static_cast<uint8_t>(tid));
   }
   // Slots of the first D + 1 tiles (later ones are prefetched inside the loop).
   if (tid < kTile) {
@@ -303,7 +306,7 @@ __global__ void __launch_bounds__(kThreads) mla_attention_kernel(KParams p) {
   }
 
   // Loads of one tile: warp w takes records w, w+4, ...; lanes take its 16-byte chunks.
-  // Compressed formats land in staging[tile % 2]; bf16 lands in K[tile % 2] directly
+  // Compressed formats land in staging[tile % stages]; bf16 lands in K[tile % 2] directly
   // (invalid tokens are zero-filled there). Always commits one group.
   auto issue_tile = [&](int tile) {
     if (tile < n_tiles) {
@@ -312,7 +315,7 @@ __global__ void __launch_bounds__(kThreads) mla_attention_kernel(KParams p) {
       for (int t = warp; t < kTile; t += kWarps) {
         const int64_t slot = slots[t];
         uint8_t* dst = direct_k(F) ? reinterpret_cast<uint8_t*>(sm.k + ((tile & 1) * kTile + t) * kKStride)
-                                   : sm.staging + ((tile & 1) * kTile + t) * p.record_bytes;
+                                   : sm.staging + ((tile % kStages) * kTile + t) * p.record_bytes;
         for (int k = lane; k < chunks; k += 32) {
           if (slot >= 0) {
             ptx::cp_async_16(ptx::smem_addr(dst + 16 * k), p.cache + slot * p.record_bytes + 16 * k);
@@ -349,9 +352,9 @@ __global__ void __launch_bounds__(kThreads) mla_attention_kernel(KParams p) {
     const uint16_t* kt = sm.k + (direct_k(F) ? (tile & 1) * kTile * kKStride : 0);
     if constexpr (!direct_k(F)) {
       const int r = tid >> 2, q = tid & 3;
-      dequant_part<F>(sm, sm.staging + ((tile & 1) * kTile + r) * p.record_bytes, slots[r] >= 0, p.outer_scale, q,
-                      sm.k + r * kKStride);
-      __syncthreads();  // K tile complete; staging[tile & 1] free again
+      dequant_part<F>(sm, sm.staging + ((tile % kStages) * kTile + r) * p.record_bytes, slots[r] >= 0, p.outer_scale,
+                      q, sm.k + r * kKStride);
+      __syncthreads();  // K tile complete; this staging stage is free again
     }
     issue_tile(tile + D);
 
@@ -537,6 +540,25 @@ cudaError_t configure_format(std::size_t smem) {
 }  // namespace
 
 
+
+template <KvFormat F>
+int ctas_per_sm(std::size_t smem) {
+  int n = 0;
+  if (configure_format<F>(smem) != cudaSuccess) return 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, mla_attention_kernel<F>, kThreads, smem) != cudaSuccess) return 0;
+  return n;
+}
+
+int attention_ctas_per_sm(KvFormat format, int record_bytes) {
+  const std::size_t smem = smem_bytes(format, record_bytes);
+  switch (format) {
+    case KvFormat::kBf16: return ctas_per_sm<KvFormat::kBf16>(smem);
+    case KvFormat::kFp8DsMla: return ctas_per_sm<KvFormat::kFp8DsMla>(smem);
+    case KvFormat::kNvfp4DsMla: return ctas_per_sm<KvFormat::kNvfp4DsMla>(smem);
+    case KvFormat::kNvfp4DsMlaFp8Rope: return ctas_per_sm<KvFormat::kNvfp4DsMlaFp8Rope>(smem);
+  }
+  return 0;
+}
 
 int configure_attention(KvFormat format, int record_bytes) {
   const std::size_t smem = smem_bytes(format, record_bytes);

@@ -34,8 +34,10 @@ int suggest_num_splits(const MlaAttentionParams& p, int multiprocessors) {
   if (p.q.ndim != 4) return 1;
   const int64_t B = p.q.size(0), s_q = p.q.size(1), H = p.q.size(2);
   const int64_t ctas = p.sparse() ? B * s_q * ((H + kRows - 1) / kRows) : B * ((s_q * H + kRows - 1) / kRows);
-  const int64_t want = 2 * static_cast<int64_t>(std::max(1, multiprocessors));
-  return static_cast<int>(std::clamp<int64_t>((want + ctas - 1) / std::max<int64_t>(ctas, 1), 1, 64));
+  // Fill every CTA slot of the GPU once: slots = SMs x CTAs per SM for this format.
+  const int per_sm = std::max(1, kernels::attention_ctas_per_sm(p.cache.format, p.cache.record_bytes));
+  const int64_t slots = static_cast<int64_t>(std::max(1, multiprocessors)) * per_sm;
+  return static_cast<int>(std::clamp<int64_t>(slots / std::max<int64_t>(ctas, 1), 1, 64));
 }
 
 StatusOr<AttentionPlan> plan_mla_attention(const MlaAttentionParams& p) {

@@ -47,6 +47,8 @@ inline constexpr int kAttentionRows = 16;  // query rows per CTA
 // Raises the kernel's dynamic shared-memory limit (host call; done at plan time so
 // that run_mla_attention issues nothing but launches, e.g. under graph capture).
 int configure_attention(KvFormat format, int record_bytes);
+// CTAs of the attention kernel that fit on one SM (occupancy API); 0 on error.
+int attention_ctas_per_sm(KvFormat format, int record_bytes);
 // Launches the attention kernel (grid: row blocks x requests-or-queries x splits) and,
 // with splits, the combine kernel. Returns a cudaError_t as int (0 = success).
 int launch_attention(KvFormat format, const AttentionParams& p, int row_blocks, void* stream);
