@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -216,6 +217,88 @@ TEST(HostBacking, AlignmentCapacityAndErrors) {
   StatusOr<void*> zero = b->allocate(0);
   ASSERT_FALSE(zero.ok());
   EXPECT_EQ(zero.status().code(), StatusCode::kInvalidArgument);
+}
+
+// Resident set size in bytes, from /proc/self/statm (0 where unavailable).
+std::size_t resident_bytes() {
+  std::FILE* f = std::fopen("/proc/self/statm", "r");
+  if (f == nullptr) return 0;
+  unsigned long pages = 0, resident = 0;
+  const int n = std::fscanf(f, "%lu %lu", &pages, &resident);
+  std::fclose(f);
+  return n == 2 ? static_cast<std::size_t>(resident) * 4096 : 0;
+}
+
+TEST(VirtualBacking, DistinctAlignedRangesCapacityAndErrors) {
+  auto b = make_virtual_backing(10 * MiB);
+  EXPECT_EQ(b->device(), Device::cuda(0));
+  EXPECT_EQ(b->name(), "virtual(capacity 10485760 B)");
+
+  StatusOr<void*> a = b->allocate(4 * MiB), c = b->allocate(6 * MiB - 1), d = b->allocate(1);
+  ASSERT_TRUE(a.ok() && c.ok() && d.ok());
+  // Ranges: 2 MiB aligned, above 2^48, pairwise disjoint.
+  std::vector<std::pair<uintptr_t, std::size_t>> r = {{reinterpret_cast<uintptr_t>(*a), 4 * MiB},
+                                                      {reinterpret_cast<uintptr_t>(*c), 6 * MiB - 1},
+                                                      {reinterpret_cast<uintptr_t>(*d), 1}};
+  std::sort(r.begin(), r.end());
+  for (std::size_t i = 0; i < r.size(); ++i) {
+    EXPECT_EQ(r[i].first % (2 * MiB), 0u);
+    EXPECT_GE(r[i].first, uintptr_t{1} << 48);
+    if (i > 0) {
+      EXPECT_GE(r[i].first, r[i - 1].first + r[i - 1].second);
+    }
+  }
+  // 10 MiB held exactly: one more byte is out of capacity.
+  StatusOr<void*> over = b->allocate(1);
+  ASSERT_FALSE(over.ok());
+  EXPECT_EQ(over.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(over.status().message().find("10485760 B capacity"), std::string::npos) << over.status().message();
+  b->release(*a, 4 * MiB);  // released bytes count again
+  StatusOr<void*> again = b->allocate(4 * MiB);
+  ASSERT_TRUE(again.ok()) << again.status().to_string();
+  EXPECT_NE(*again, *a);  // ranges are never reused
+  b->release(*again, 4 * MiB);
+  b->release(*c, 6 * MiB - 1);
+  b->release(*d, 1);
+
+  StatusOr<void*> zero = b->allocate(0);
+  ASSERT_FALSE(zero.ok());
+  EXPECT_EQ(zero.status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(VirtualBacking, ModelsALargeGpuWithoutTouchingMemory) {
+  // A 96 GiB device, far beyond this machine's RAM budget for a test: a caching
+  // allocator on it places 90 GiB in 9 segments and runs out at the capacity,
+  // while the process's resident memory does not grow by the bytes handed out.
+  const std::size_t GiB = std::size_t{1} << 30;
+  const std::size_t rss_before = resident_bytes();
+  CachingAllocator alloc(make_virtual_backing(96 * GiB));
+  ASSERT_TRUE(alloc.status().ok());
+  EXPECT_EQ(alloc.device(), Device::cuda(0));
+  std::vector<Allocation> held;
+  for (int i = 0; i < 9; ++i) {
+    StatusOr<Allocation> a = alloc.allocate(10 * GiB);
+    ASSERT_TRUE(a.ok()) << a.status().to_string();
+    held.push_back(std::move(*a));
+  }
+  AllocatorStats st = alloc.stats();
+  EXPECT_EQ(st.reserved_bytes, 90 * GiB);
+  EXPECT_EQ(st.allocated_bytes, 90 * GiB);
+  EXPECT_EQ(st.num_segments, 9u);
+  StatusOr<Allocation> too_big = alloc.allocate(7 * GiB);  // 6 GiB left
+  ASSERT_FALSE(too_big.ok());
+  EXPECT_EQ(too_big.status().code(), StatusCode::kResourceExhausted);
+  StatusOr<Allocation> fits = alloc.allocate(6 * GiB);
+  ASSERT_TRUE(fits.ok()) << fits.status().to_string();
+  const std::size_t rss_after = resident_bytes();
+  if (rss_before != 0 && rss_after != 0) {
+    EXPECT_LT(rss_after, rss_before + 256 * MiB) << "the virtual backing must not touch memory";
+  }
+  fits->reset();
+  held.clear();
+  alloc.empty_cache();
+  EXPECT_EQ(alloc.stats().reserved_bytes, 0u);
+  EXPECT_EQ(alloc.stats().num_backing_frees, 10u);
 }
 
 // ---- rounding and pools -----------------------------------------------------------------------

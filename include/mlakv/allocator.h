@@ -46,8 +46,9 @@ inline constexpr std::size_t kHostAlignment = 256;          // host backing alig
 }  // namespace alloc_defaults
 
 // Where segments come from. One backing serves one CachingAllocator, which calls
-// it with its lock held. Implementations: make_host_backing() here; a CUDA
-// backing (cudaMalloc / cudaFree on one device) implements the same four calls.
+// it with its lock held. Implementations: make_host_backing() and
+// make_virtual_backing() here; a CUDA backing (cudaMalloc / cudaFree on one
+// device) implements the same four calls.
 class MemoryBacking {
  public:
   virtual ~MemoryBacking();
@@ -69,6 +70,20 @@ class MemoryBacking {
 // would exceed the limit, which models a GPU of a given size and exercises the
 // out-of-memory paths. allocate(0) returns invalid_argument.
 std::unique_ptr<MemoryBacking> make_host_backing(std::optional<std::size_t> capacity_limit = {});
+
+// Address ranges without memory behind them, to model a GPU of `capacity_bytes`
+// (say 96 GiB) on a machine with less RAM: the caching allocator never reads or
+// writes the memory it manages, so its placement decisions, stats and
+// out-of-memory behaviour are exactly those of a real backing of that size.
+// allocate() hands out distinct, non-overlapping ranges aligned to 2 MiB from a
+// region above 2^48 (a non-canonical address on x86-64 and AArch64 user space,
+// so an accidental dereference faults instead of corrupting memory); it never
+// touches memory and never reuses a released range. resource_exhausted once the
+// bytes held would exceed the capacity; allocate(0) returns invalid_argument.
+// device() is cuda:0 (it stands in for one), name() "virtual(capacity N B)".
+// Never read or write through its pointers: callers that fill memory must check
+// that the allocator's device is the CPU first.
+std::unique_ptr<MemoryBacking> make_virtual_backing(std::size_t capacity_bytes);
 
 // A snapshot of the allocator's counters. All byte counts are block bytes.
 struct AllocatorStats {

@@ -22,6 +22,9 @@ void add_formats_command(Cli& cli);
 void add_codec_command(Cli& cli);
 void add_plan_command(Cli& cli);
 void add_demo_command(Cli& cli);
+void add_layer_forward_command(Cli& cli);
+void add_calibrate_command(Cli& cli);
+void add_absorb_command(Cli& cli);
 void add_weights_commands(Cli& cli);
 
 // Prints JSON to stdout, 2-space indented.

@@ -19,6 +19,9 @@ int main(int argc, char** argv) {
   add_codec_command(cli);
   add_plan_command(cli);
   add_demo_command(cli);
+  add_layer_forward_command(cli);
+  add_calibrate_command(cli);
+  add_absorb_command(cli);
   try {
     cli.app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

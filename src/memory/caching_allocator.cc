@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cassert>
+#include <cstdint>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -66,6 +67,54 @@ class HostBacking final : public MemoryBacking {
   std::size_t held_ = 0;  // bytes currently allocated, checked against limit_
 };
 
+// Hands out address ranges above 2^48 without memory behind them (allocator.h).
+// Ranges are bump-allocated and never reused: 2^63 - 2^48 bytes of address space
+// outlast any experiment, and fresh addresses make a stale pointer obvious.
+class VirtualBacking final : public MemoryBacking {
+ public:
+  static constexpr uintptr_t kBase = uintptr_t{1} << 48;
+  static constexpr std::size_t kAlign = std::size_t{2} << 20;  // 2 MiB, like cudaMalloc's large pages
+
+  explicit VirtualBacking(std::size_t capacity) : capacity_(capacity) {}
+
+  StatusOr<void*> allocate(std::size_t bytes) override {
+    if (bytes == 0) return invalid_argument("virtual backing: allocate(0): a segment must have bytes > 0");
+    if (bytes > capacity_ - held_) {
+      return resource_exhausted(fmt::format("virtual backing: {} B requested with {} B of the {} B capacity held",
+                                            bytes, held_, capacity_));
+    }
+    // bytes <= capacity, and next_ grows by at most the total ever allocated
+    // (rounded): overflow would need 2^63 B of churn.
+    const uintptr_t span = (static_cast<uintptr_t>(bytes) + kAlign - 1) / kAlign * kAlign;
+    if (next_ > std::numeric_limits<uintptr_t>::max() / 2 - span) {
+      return resource_exhausted("virtual backing: address space exhausted");
+    }
+    void* p = reinterpret_cast<void*>(next_);
+    next_ += span;
+    held_ += bytes;
+    live_.emplace(p, bytes);
+    return p;
+  }
+
+  void release(void* p, std::size_t bytes) override {
+    auto it = live_.find(p);
+    assert(it != live_.end() && it->second == bytes && "virtual backing: release of a range it did not hand out");
+    if (it == live_.end()) return;
+    held_ -= it->second;
+    live_.erase(it);
+    (void)bytes;
+  }
+
+  Device device() const override { return Device::cuda(0); }
+  std::string name() const override { return fmt::format("virtual(capacity {} B)", capacity_); }
+
+ private:
+  std::size_t capacity_;
+  std::size_t held_ = 0;
+  uintptr_t next_ = kBase;
+  std::map<void*, std::size_t> live_;  // ranges handed out and not released
+};
+
 // x rounded up to a multiple of `granule`, or nothing when that overflows.
 std::optional<std::size_t> round_up(std::size_t x, std::size_t granule) {
   if (x > std::numeric_limits<std::size_t>::max() - (granule - 1)) return std::nullopt;
@@ -78,6 +127,10 @@ bool is_pow2(std::size_t x) { return x != 0 && (x & (x - 1)) == 0; }
 
 std::unique_ptr<MemoryBacking> make_host_backing(std::optional<std::size_t> capacity_limit) {
   return std::make_unique<HostBacking>(capacity_limit);
+}
+
+std::unique_ptr<MemoryBacking> make_virtual_backing(std::size_t capacity_bytes) {
+  return std::make_unique<VirtualBacking>(capacity_bytes);
 }
 
 // ---- options --------------------------------------------------------------------

@@ -1,0 +1,183 @@
+// mlakv layer-forward: one MLA attention layer of a Hugging Face checkpoint on the CPU,
+// over a paged cache in any KV format (docs/layer.md), optionally capturing kv_c_normed
+// for calibration (docs/calibration.md).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <numeric>
+
+#include "cli/cli.h"
+#include "core/file_io.h"
+#include "mlakv/hf_config.h"
+#include "mlakv/mla_layer.h"
+#include "mlakv/outer_scales.h"
+#include "mlakv/safetensors.h"
+#include "mlakv/thread_pool.h"
+
+namespace mlakv::cli {
+namespace {
+
+struct LayerForwardArgs {
+  std::string model, input, output, format = "bf16", scales, capture;
+  int layer = 0;
+  int64_t chunk = 0;  // tokens per call; 0 = all at once
+  int block_size = kDefaultBlockSize;
+  int threads = 0;
+  bool json = false;
+};
+
+// The checkpoint's quantization_config, when config.json has one.
+StatusOr<WeightQuantOptions> quant_options(const std::string& model) {
+  std::string file = model;
+  std::error_code ec;
+  if (std::filesystem::is_directory(model, ec)) file = (std::filesystem::path(model) / "config.json").string();
+  MLAKV_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, io::read_file(file));
+  const std::string_view text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  const nlohmann::json j = nlohmann::json::parse(text.begin(), text.end(), nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("quantization_config") ||
+      j.at("quantization_config").is_null()) {
+    return WeightQuantOptions{};
+  }
+  auto q = parse_weight_quant_options(text);
+  if (!q.ok()) return q.status().with_context(file);
+  return q;
+}
+
+StatusOr<TensorView> input_tensor(const SafetensorsFile& f, const char* name, DType dtype, int ndim) {
+  const std::optional<TensorView> t = f.find(name);
+  if (!t) return not_found(fmt::format("{}: tensor '{}' is missing", f.path(), name));
+  if (t->dtype != dtype || t->ndim != ndim) {
+    return invalid_argument(fmt::format("{}: tensor '{}' must be {} with {} dimension(s), got {} {}", f.path(), name,
+                                        dtype_name(dtype), ndim, dtype_name(t->dtype), t->shape_string()));
+  }
+  return *t;
+}
+
+Status run_layer_forward(const LayerForwardArgs& a) {
+  const std::optional<KvFormat> format = parse_format(a.format);
+  if (!format) return invalid_argument(fmt::format("--format: unknown format '{}' (see 'mlakv formats')", a.format));
+  if (a.block_size < 1 || a.block_size > 4096) {
+    return invalid_argument(fmt::format("--block-size must be in [1, 4096], got {}", a.block_size));
+  }
+  if (a.chunk < 0) return invalid_argument(fmt::format("--chunk must be >= 0, got {}", a.chunk));
+  if (a.threads < 0) return invalid_argument(fmt::format("--threads must be >= 0, got {}", a.threads));
+
+  MLAKV_ASSIGN_OR_RETURN(ModelConfig cfg, load_hf_config(a.model));
+  MLAKV_ASSIGN_OR_RETURN(WeightQuantOptions quant, quant_options(a.model));
+  if (a.layer < 0 || a.layer >= cfg.cache_layers()) {
+    return out_of_range(fmt::format("--layer {} is outside [0, {}) for {}", a.layer, cfg.cache_layers(), cfg.name));
+  }
+  std::optional<OuterScales> scales;
+  if (!a.scales.empty()) {
+    MLAKV_ASSIGN_OR_RETURN(scales, load_outer_scales(a.scales));
+  }
+  MLAKV_ASSIGN_OR_RETURN(CacheLayerFormats lf, cache_layer_formats(*format, 1, nullptr));
+  if (scales) {
+    // The cache holds this one layer: its scale is the file's entry for --layer.
+    MLAKV_ASSIGN_OR_RETURN(CacheLayerFormats all, cache_layer_formats(*format, a.layer + 1, &*scales));
+    lf.layers[0] = all.layers.back();
+    if (!all.warning.empty()) std::fprintf(stderr, "warning: --scales %s: %s\n", a.scales.c_str(), all.warning.c_str());
+  }
+
+  MLAKV_ASSIGN_OR_RETURN(auto input, SafetensorsFile::open(a.input));
+  MLAKV_ASSIGN_OR_RETURN(TensorView hidden, input_tensor(*input, "hidden_states", DType::kF32, 2));
+  MLAKV_ASSIGN_OR_RETURN(TensorView positions, input_tensor(*input, "positions", DType::kI64, 1));
+  const int64_t T = hidden.size(0);
+  if (T < 1 || hidden.size(1) != cfg.hidden_size) {
+    return invalid_argument(fmt::format("{}: tensor 'hidden_states' must be [T >= 1, {}], got {}", a.input,
+                                        cfg.hidden_size, hidden.shape_string()));
+  }
+  if (positions.size(0) != T) {
+    return invalid_argument(fmt::format("{}: tensor 'positions' must be [{}] (one per hidden_states row), got {}",
+                                        a.input, T, positions.shape_string()));
+  }
+
+  MLAKV_ASSIGN_OR_RETURN(auto ckpt, Checkpoint::open(a.model));
+  ThreadPool pool(a.threads);
+  MlaLoadOptions lo;
+  lo.quant = quant;
+  MLAKV_ASSIGN_OR_RETURN(MlaLayerWeights w, load_mla_layer(*ckpt, cfg, a.layer, lo));
+
+  const int64_t chunk = a.chunk == 0 ? T : std::min<int64_t>(a.chunk, T);
+  KvCache::Config cc;
+  cc.num_layers = 1;
+  cc.block_size = a.block_size;
+  cc.num_blocks = (T + a.block_size - 1) / a.block_size;
+  cc.layers = lf.layers;
+  MLAKV_ASSIGN_OR_RETURN(auto cache, PagedKvCache::create_cpu(cc));
+  const SeqId seq = cache->add_sequence();
+
+  std::vector<float> out(static_cast<std::size_t>(T * cfg.hidden_size));
+  std::vector<float> captured;
+  const bool capture = !a.capture.empty();
+  if (capture) captured.reserve(static_cast<std::size_t>(T) * kLatentDim);
+  for (int64_t t0 = 0; t0 < T; t0 += chunk) {
+    const int64_t n = std::min(chunk, T - t0);
+    MLAKV_RETURN_IF_ERROR(cache->append(seq, n).status());
+    MlaLayerTrace trace;
+    MlaForwardOptions fo;
+    fo.pool = &pool;
+    fo.trace = capture ? &trace : nullptr;
+    const Status st = mla_layer_forward(
+        w, cfg, *cache, 0, seq,
+        TensorView::contiguous(hidden.ptr<const float>() + t0 * cfg.hidden_size, DType::kF32, {n, cfg.hidden_size}),
+        TensorView::contiguous(positions.ptr<const int64_t>() + t0, DType::kI64, {n}),
+        TensorView::contiguous(out.data() + t0 * cfg.hidden_size, DType::kF32, {n, cfg.hidden_size}), fo);
+    if (!st.ok()) return st.with_context(fmt::format("{}: tokens [{}, {})", a.input, t0, t0 + n));
+    if (capture) captured.insert(captured.end(), trace.kv_c_normed.begin(), trace.kv_c_normed.end());
+  }
+
+  const std::map<std::string, std::string> meta = {{"generator", "mlakv layer-forward"},
+                                                   {"model", cfg.name},
+                                                   {"layer", std::to_string(a.layer)},
+                                                   {"format", std::string(format_name(*format))},
+                                                   {"outer_scale", fmt::format("{}", lf.layers[0].outer_scale)}};
+  MLAKV_RETURN_IF_ERROR(write_safetensors(
+      a.output, {{"output", TensorView::contiguous(out.data(), DType::kF32, {T, cfg.hidden_size})}}, meta));
+  if (capture) {
+    MLAKV_RETURN_IF_ERROR(write_safetensors(
+        a.capture,
+        {{capture_tensor_name(a.layer), TensorView::contiguous(captured.data(), DType::kF32, {T, kLatentDim})}},
+        {{"generator", "mlakv layer-forward --capture"}, {"model", cfg.name}}));
+  }
+  if (a.json) {
+    print_json({{"model", cfg.name},
+                {"layer", a.layer},
+                {"tokens", T},
+                {"chunk", chunk},
+                {"format", std::string(format_name(*format))},
+                {"outer_scale", lf.layers[0].outer_scale},
+                {"softmax_scale", cfg.softmax_scale()},
+                {"output", a.output},
+                {"capture", capture ? nlohmann::json(a.capture) : nlohmann::json(nullptr)}});
+  } else {
+    fmt::print("layer {} of {}: {} tokens ({} per call) through a {} cache (outer scale {}) -> {}\n", a.layer, cfg.name,
+               T, chunk, format_name(*format), lf.layers[0].outer_scale, a.output);
+    if (capture) fmt::print("captured {} [{}, {}] -> {}\n", capture_tensor_name(a.layer), T, kLatentDim, a.capture);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+void add_layer_forward_command(Cli& cli) {
+  auto a = std::make_shared<LayerForwardArgs>();
+  auto* cmd = cli.app.add_subcommand("layer-forward", "Run one MLA attention layer of a checkpoint on the CPU");
+  cmd->add_option("--model", a->model, "Checkpoint directory (config.json + safetensors)")->required();
+  cmd->add_option("--layer", a->layer, "Layer index")->required();
+  cmd->add_option("--input", a->input, "safetensors with hidden_states [T, D] f32 and positions [T] i64")->required();
+  cmd->add_option("--output", a->output, "safetensors to write: output [T, D] f32")->required();
+  cmd->add_option("--format", a->format, "KV cache format (see 'mlakv formats')")->capture_default_str();
+  cmd->add_option("--scales", a->scales, "nvfp4_ds_mla_outer_scale_v1 scale file (nvfp4 formats)");
+  cmd->add_option("--capture", a->capture, "Also write layers.<layer>.kv_c_normed [T, 512] f32 here");
+  cmd->add_option("--chunk", a->chunk, "Tokens per call: prefill chunks, 1 = token-by-token decode (0 = all)")
+      ->capture_default_str();
+  cmd->add_option("--block-size", a->block_size, "Cache block size in tokens")->capture_default_str();
+  cmd->add_option("--threads", a->threads, "CPU threads (0 = all)")->capture_default_str();
+  cmd->add_flag("--json", a->json, "Print JSON");
+  cmd->callback([&cli, a] { cli.action = [a] { return run_layer_forward(*a); }; });
+}
+
+}  // namespace mlakv::cli

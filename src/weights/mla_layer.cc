@@ -1,0 +1,482 @@
+// The MLA attention layer on the CPU (include/mlakv/mla_layer.h, docs/layer.md).
+#include "mlakv/mla_layer.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+
+#include "core/rope.h"
+#include "mlakv/attention.h"
+#include "mlakv/numerics.h"
+#include "mlakv/thread_pool.h"
+
+namespace mlakv {
+namespace {
+
+constexpr int64_t kMaxDim = int64_t{1} << 17;  // any single dimension (D = 7168, H*(P+R) = 24576 today)
+
+void parallel(ThreadPool* pool, int64_t n, const std::function<void(int64_t)>& fn) {
+  if (pool == nullptr || n <= 1) {
+    for (int64_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  pool->parallel_for(n, [&](int64_t i, int) { fn(i); });
+}
+
+float f16_to_f32(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
+  if (e == 0x1Fu) return f32_from_bits(sign | 0x7F800000u | (m << 13));  // Inf / NaN
+  if (e == 0) {
+    const float v = static_cast<float>(m) * 5.9604644775390625e-8f;  // m * 2^-24, exact
+    return sign ? -v : v;
+  }
+  return f32_from_bits(sign | ((e - 15u + 127u) << 23) | (m << 13));
+}
+
+double dot(const float* a, const float* b, int64_t n) {
+  double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+  int64_t k = 0;
+  for (; k + 4 <= n; k += 4) {
+    s0 += static_cast<double>(a[k]) * b[k];
+    s1 += static_cast<double>(a[k + 1]) * b[k + 1];
+    s2 += static_cast<double>(a[k + 2]) * b[k + 2];
+    s3 += static_cast<double>(a[k + 3]) * b[k + 3];
+  }
+  for (; k < n; ++k) s0 += static_cast<double>(a[k]) * b[k];
+  return (s0 + s1) + (s2 + s3);
+}
+
+// y[t, n] = sum_k W[n, k] x[t, k] + b[n]: W [N, K], x [T, K] (row stride xs), y [T, N]
+// (row stride ys). Threads take blocks of output rows so each weight row is read once
+// per block of tokens.
+void linear(const std::vector<float>& W, const std::vector<float>& b, int64_t N, int64_t K, const float* x, int64_t xs,
+            int64_t T, float* y, int64_t ys, ThreadPool* pool) {
+  constexpr int64_t kRows = 16;
+  parallel(pool, (N + kRows - 1) / kRows, [&](int64_t blk) {
+    const int64_t n1 = std::min(N, (blk + 1) * kRows);
+    for (int64_t n = blk * kRows; n < n1; ++n) {
+      const float* w = W.data() + n * K;
+      const double bias = b.empty() ? 0.0 : static_cast<double>(b[static_cast<std::size_t>(n)]);
+      for (int64_t t = 0; t < T; ++t) y[t * ys + n] = static_cast<float>(dot(w, x + t * xs, K) + bias);
+    }
+  });
+}
+
+// y[n] = sum_k x[k] W[k, n]: x [K], W [K, N] row-major, accumulated in float64.
+void vecmat(const float* x, const float* W, int64_t K, int64_t N, double* acc, float* y) {
+  std::fill(acc, acc + N, 0.0);
+  for (int64_t k = 0; k < K; ++k) {
+    const double xk = x[k];
+    const float* w = W + k * N;
+    for (int64_t n = 0; n < N; ++n) acc[n] += xk * w[n];
+  }
+  for (int64_t n = 0; n < N; ++n) y[n] = static_cast<float>(acc[n]);
+}
+
+// x / sqrt(mean(x^2) + eps) * weight, in float64, one rounding.
+void rms_norm(const float* x, const std::vector<float>& weight, double eps, int64_t n, float* y) {
+  double ss = 0;
+  for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
+  const double r = 1.0 / std::sqrt(ss / static_cast<double>(n) + eps);
+  for (int64_t i = 0; i < n; ++i)
+    y[i] = static_cast<float>(static_cast<double>(x[i]) * r * weight[static_cast<std::size_t>(i)]);
+}
+
+Status check_geometry(const ModelConfig& c) {
+  MLAKV_RETURN_IF_ERROR(c.validate());
+  const struct {
+    const char* name;
+    int v;
+  } dims[] = {{"hidden_size", c.hidden_size},           {"num_attention_heads", c.num_heads},
+              {"kv_lora_rank", c.kv_lora_rank},         {"qk_nope_head_dim", c.qk_nope_head_dim},
+              {"qk_rope_head_dim", c.qk_rope_head_dim}, {"v_head_dim", c.v_head_dim}};
+  for (const auto& d : dims) {
+    if (d.v < 1 || d.v > kMaxDim) {
+      return invalid_argument(
+          fmt::format("{}: {} = {} is out of range [1, {}] for the MLA layer", c.name, d.name, d.v, kMaxDim));
+    }
+  }
+  if (c.q_lora_rank < 0 || c.q_lora_rank > kMaxDim) {
+    return invalid_argument(
+        fmt::format("{}: q_lora_rank = {} is out of range [0, {}]", c.name, c.q_lora_rank, kMaxDim));
+  }
+  if (c.qk_rope_head_dim % 2 != 0) {
+    return invalid_argument(fmt::format("{}: qk_rope_head_dim = {} must be even for RoPE", c.name, c.qk_rope_head_dim));
+  }
+  if (c.num_heads * static_cast<int64_t>(c.qk_head_dim() + c.v_head_dim) > kMaxDim * 4 ||
+      c.num_heads * static_cast<int64_t>(c.qk_head_dim()) > kMaxDim) {
+    return invalid_argument(fmt::format("{}: {} heads x {} dims is too large for the MLA layer", c.name, c.num_heads,
+                                        c.qk_head_dim() + c.v_head_dim));
+  }
+  for (const auto& [name, eps] :
+       {std::pair<const char*, double>{"q_norm_eps", c.q_norm_eps}, {"kv_norm_eps", c.kv_norm_eps}}) {
+    if (!(eps >= 0.0) || !std::isfinite(eps))
+      return invalid_argument(fmt::format("{}: {} must be finite and >= 0, got {}", c.name, name, eps));
+  }
+  const double scale = c.softmax_scale();
+  if (!(scale > 0.0) || !std::isfinite(scale)) {
+    return invalid_argument(fmt::format("{}: softmax scale must be finite and > 0, got {}", c.name, scale));
+  }
+  return Status::Ok();
+}
+
+Status check_matches(const MlaLayerWeights& w, const ModelConfig& c) {
+  if (w.hidden_size != c.hidden_size || w.num_heads != c.num_heads || w.q_lora_rank != c.q_lora_rank ||
+      w.kv_lora_rank != c.kv_lora_rank || w.qk_nope_head_dim != c.qk_nope_head_dim ||
+      w.qk_rope_head_dim != c.qk_rope_head_dim || w.v_head_dim != c.v_head_dim) {
+    return invalid_argument(fmt::format(
+        "weights of layer {} (D {}, H {}, q_lora {}, L {}, P {}, R {}, V {}) do not match config {} (D {}, H {}, "
+        "q_lora {}, L {}, P {}, R {}, V {})",
+        w.layer, w.hidden_size, w.num_heads, w.q_lora_rank, w.kv_lora_rank, w.qk_nope_head_dim, w.qk_rope_head_dim,
+        w.v_head_dim, c.name, c.hidden_size, c.num_heads, c.q_lora_rank, c.kv_lora_rank, c.qk_nope_head_dim,
+        c.qk_rope_head_dim, c.v_head_dim));
+  }
+  const int64_t D = w.hidden_size, H = w.num_heads, QL = w.q_lora_rank, L = w.kv_lora_rank, P = w.qk_nope_head_dim,
+                R = w.qk_rope_head_dim, V = w.v_head_dim;
+  auto want = [](const std::vector<float>& v, int64_t n, bool optional, const char* what) -> Status {
+    if (static_cast<int64_t>(v.size()) == n || (optional && v.empty())) return Status::Ok();
+    return invalid_argument(fmt::format("MlaLayerWeights::{} has {} values, expected {}", what, v.size(), n));
+  };
+  if (QL > 0) {
+    MLAKV_RETURN_IF_ERROR(want(w.q_a_proj, QL * D, false, "q_a_proj"));
+    MLAKV_RETURN_IF_ERROR(want(w.q_a_bias, QL, true, "q_a_bias"));
+    MLAKV_RETURN_IF_ERROR(want(w.q_a_norm, QL, false, "q_a_norm"));
+    MLAKV_RETURN_IF_ERROR(want(w.q_b_proj, H * (P + R) * QL, false, "q_b_proj"));
+  } else {
+    MLAKV_RETURN_IF_ERROR(want(w.q_proj, H * (P + R) * D, false, "q_proj"));
+  }
+  MLAKV_RETURN_IF_ERROR(want(w.kv_a_proj, (L + R) * D, false, "kv_a_proj"));
+  MLAKV_RETURN_IF_ERROR(want(w.kv_a_bias, L + R, true, "kv_a_bias"));
+  MLAKV_RETURN_IF_ERROR(want(w.kv_a_norm, L, false, "kv_a_norm"));
+  MLAKV_RETURN_IF_ERROR(want(w.w_uk_t, H * P * L, false, "w_uk_t"));
+  MLAKV_RETURN_IF_ERROR(want(w.w_uv, H * L * V, false, "w_uv"));
+  MLAKV_RETURN_IF_ERROR(want(w.o_proj, D * H * V, false, "o_proj"));
+  MLAKV_RETURN_IF_ERROR(want(w.o_bias, D, true, "o_bias"));
+  return Status::Ok();
+}
+
+// A norm weight or bias: [n] f32/bf16/f16. Absent: kNotFound unless `optional`
+// (then `out` stays empty).
+Status load_vector(const TensorSource& src, const std::string& name, int64_t n, bool optional,
+                   std::vector<float>& out) {
+  const std::optional<TensorView> t = src.find(name);
+  if (!t) {
+    if (optional) return Status::Ok();
+    return not_found(fmt::format("{}: tensor '{}' is missing", src.describe(), name));
+  }
+  if (t->dtype != DType::kF32 && t->dtype != DType::kBF16 && t->dtype != DType::kF16) {
+    return invalid_argument(
+        fmt::format("{}: tensor '{}' must be f32, bf16 or f16, got {}", src.describe(), name, dtype_name(t->dtype)));
+  }
+  if (t->ndim != 1 || t->size(0) != n) {
+    return invalid_argument(
+        fmt::format("{}: tensor '{}' must have shape [{}], got {}", src.describe(), name, n, t->shape_string()));
+  }
+  out.resize(static_cast<std::size_t>(n));
+  const auto* bytes = static_cast<const uint8_t*>(t->data);
+  for (int64_t i = 0; i < n; ++i) {
+    float v;
+    if (t->dtype == DType::kF32) {
+      std::memcpy(&v, bytes + 4 * i, 4);
+    } else {
+      uint16_t h;
+      std::memcpy(&h, bytes + 2 * i, 2);
+      v = t->dtype == DType::kBF16 ? bf16_to_f32(h) : f16_to_f32(h);
+    }
+    if (!std::isfinite(v)) {
+      out.clear();
+      return data_loss(fmt::format("{}: tensor '{}' holds a non-finite value {} at [{}]", src.describe(), name, v, i));
+    }
+    out[static_cast<std::size_t>(i)] = v;
+  }
+  return Status::Ok();
+}
+
+Status load_linear(const TensorSource& src, const std::string& prefix, int64_t N, int64_t K, const MlaLoadOptions& opt,
+                   std::vector<float>& out) {
+  out.assign(static_cast<std::size_t>(N * K), 0.0f);
+  const Status st =
+      dequantize_weight(src, prefix, N, K, opt.quant, TensorView::contiguous(out.data(), DType::kF32, {N, K}));
+  if (!st.ok()) {
+    out.clear();
+    return st.with_context(fmt::format("{}: loading '{}' as [{}, {}]", src.describe(), prefix, N, K));
+  }
+  return Status::Ok();
+}
+
+Status check_cpu_f32(const TensorView& t, const char* name, std::initializer_list<int64_t> shape) {
+  MLAKV_RETURN_IF_ERROR(check_tensor(t, name, {{DType::kF32}, shape}, Device::cpu()));
+  if (!t.is_contiguous()) return invalid_argument(fmt::format("{}: must be contiguous (row-major, no gaps)", name));
+  return Status::Ok();
+}
+
+StatusOr<std::vector<int64_t>> read_positions(const TensorView& positions, int64_t T) {
+  MLAKV_RETURN_IF_ERROR(check_tensor(positions, "positions", {{DType::kI64, DType::kI32}, {T}}, Device::cpu()));
+  std::vector<int64_t> pos(static_cast<std::size_t>(T));
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t p = positions.dtype == DType::kI64 ? positions.ptr<const int64_t>()[t * positions.stride(0)]
+                                                     : positions.ptr<const int32_t>()[t * positions.stride(0)];
+    if (p < 0 || p > (int64_t{1} << 40)) {
+      return out_of_range(fmt::format("positions[{}] = {} is outside [0, 2^40]", t, p));
+    }
+    pos[static_cast<std::size_t>(t)] = p;
+  }
+  return pos;
+}
+
+bool overlaps(const TensorView& a, const TensorView& b) {
+  const auto* a0 = static_cast<const uint8_t*>(a.data);
+  const auto* b0 = static_cast<const uint8_t*>(b.data);
+  const auto* a1 = a0 + a.numel() * static_cast<int64_t>(dtype_size(a.dtype));
+  const auto* b1 = b0 + b.numel() * static_cast<int64_t>(dtype_size(b.dtype));
+  return a0 < b1 && b0 < a1;
+}
+
+}  // namespace
+
+std::size_t MlaLayerWeights::bytes() const {
+  std::size_t n = 0;
+  for (const auto* v : {&q_a_proj, &q_a_bias, &q_a_norm, &q_b_proj, &q_proj, &kv_a_proj, &kv_a_bias, &kv_a_norm,
+                        &w_uk_t, &w_uv, &o_proj, &o_bias}) {
+    n += v->size() * sizeof(float);
+  }
+  return n;
+}
+
+Status absorb_kv_b_proj(const std::vector<float>& kv_b, int H, int P, int V, int L, std::vector<float>& w_uk_t,
+                        std::vector<float>& w_uv) {
+  if (H < 1 || P < 1 || V < 1 || L < 1) {
+    return invalid_argument(fmt::format("absorb_kv_b_proj: H {}, P {}, V {}, L {} must all be >= 1", H, P, V, L));
+  }
+  const std::size_t want = static_cast<std::size_t>(H) * static_cast<std::size_t>(P + V) * static_cast<std::size_t>(L);
+  if (kv_b.size() != want) {
+    return invalid_argument(
+        fmt::format("absorb_kv_b_proj: kv_b has {} values, expected H*(P+V)*L = {}", kv_b.size(), want));
+  }
+  w_uk_t.resize(static_cast<std::size_t>(H) * P * L);
+  w_uv.resize(static_cast<std::size_t>(H) * L * V);
+  for (int64_t h = 0; h < H; ++h) {
+    const float* head = kv_b.data() + h * (P + V) * L;
+    std::copy_n(head, P * L, w_uk_t.data() + h * P * L);  // rows [0, P) are W_UK [P, L] as is
+    float* uv = w_uv.data() + h * L * V;
+    for (int64_t v = 0; v < V; ++v) {  // rows [P, P+V) are W_UV^T [V, L]
+      const float* row = head + (P + v) * L;
+      for (int64_t l = 0; l < L; ++l) uv[l * V + v] = row[l];
+    }
+  }
+  return Status::Ok();
+}
+
+StatusOr<MlaLayerWeights> load_mla_layer(const TensorSource& src, const ModelConfig& cfg, int layer,
+                                         const MlaLoadOptions& opt) {
+  MLAKV_RETURN_IF_ERROR(check_geometry(cfg));
+  if (layer < 0 || layer >= cfg.cache_layers()) {
+    return out_of_range(fmt::format("{}: layer {} is outside [0, {}) ({} decoder + {} MTP layers)", cfg.name, layer,
+                                    cfg.cache_layers(), cfg.num_layers, cfg.num_mtp_layers));
+  }
+  MlaLayerWeights w;
+  w.layer = layer;
+  w.hidden_size = cfg.hidden_size;
+  w.num_heads = cfg.num_heads;
+  w.q_lora_rank = cfg.q_lora_rank;
+  w.kv_lora_rank = cfg.kv_lora_rank;
+  w.qk_nope_head_dim = cfg.qk_nope_head_dim;
+  w.qk_rope_head_dim = cfg.qk_rope_head_dim;
+  w.v_head_dim = cfg.v_head_dim;
+  const int64_t D = w.hidden_size, H = w.num_heads, QL = w.q_lora_rank, L = w.kv_lora_rank, P = w.qk_nope_head_dim,
+                R = w.qk_rope_head_dim, V = w.v_head_dim;
+  const std::string pre = opt.prefix.empty() ? fmt::format("model.layers.{}.self_attn.", layer) : opt.prefix;
+
+  if (QL > 0) {
+    MLAKV_RETURN_IF_ERROR(load_linear(src, pre + "q_a_proj", QL, D, opt, w.q_a_proj));
+    MLAKV_RETURN_IF_ERROR(load_vector(src, pre + "q_a_proj.bias", QL, true, w.q_a_bias));
+    MLAKV_RETURN_IF_ERROR(load_vector(src, pre + "q_a_layernorm.weight", QL, false, w.q_a_norm));
+    MLAKV_RETURN_IF_ERROR(load_linear(src, pre + "q_b_proj", H * (P + R), QL, opt, w.q_b_proj));
+  } else {
+    MLAKV_RETURN_IF_ERROR(load_linear(src, pre + "q_proj", H * (P + R), D, opt, w.q_proj));
+  }
+  MLAKV_RETURN_IF_ERROR(load_linear(src, pre + "kv_a_proj_with_mqa", L + R, D, opt, w.kv_a_proj));
+  MLAKV_RETURN_IF_ERROR(load_vector(src, pre + "kv_a_proj_with_mqa.bias", L + R, true, w.kv_a_bias));
+  MLAKV_RETURN_IF_ERROR(load_vector(src, pre + "kv_a_layernorm.weight", L, false, w.kv_a_norm));
+  {
+    // The dense kv_b_proj is transient: only the absorbed pair is kept.
+    std::vector<float> kv_b;
+    MLAKV_RETURN_IF_ERROR(load_linear(src, pre + "kv_b_proj", H * (P + V), L, opt, kv_b));
+    MLAKV_RETURN_IF_ERROR(absorb_kv_b_proj(kv_b, static_cast<int>(H), static_cast<int>(P), static_cast<int>(V),
+                                           static_cast<int>(L), w.w_uk_t, w.w_uv));
+  }
+  MLAKV_RETURN_IF_ERROR(load_linear(src, pre + "o_proj", D, H * V, opt, w.o_proj));
+  MLAKV_RETURN_IF_ERROR(load_vector(src, pre + "o_proj.bias", D, true, w.o_bias));
+  return w;
+}
+
+Status mla_layer_project(const MlaLayerWeights& w, const ModelConfig& cfg, const TensorView& hidden,
+                         const TensorView& positions, const TensorView& q, const TensorView& latent,
+                         const TensorView& rope, ThreadPool* pool) {
+  MLAKV_RETURN_IF_ERROR(check_geometry(cfg));
+  MLAKV_RETURN_IF_ERROR(check_matches(w, cfg));
+  const int64_t D = w.hidden_size, H = w.num_heads, QL = w.q_lora_rank, L = w.kv_lora_rank, P = w.qk_nope_head_dim,
+                R = w.qk_rope_head_dim;
+  if (hidden.ndim != 2)
+    return invalid_argument(fmt::format("hidden: expected [T, {}], got {}", D, hidden.shape_string()));
+  const int64_t T = hidden.size(0);
+  MLAKV_RETURN_IF_ERROR(check_cpu_f32(hidden, "hidden", {T, D}));
+  MLAKV_RETURN_IF_ERROR(check_cpu_f32(q, "q", {T, H, L + R}));
+  MLAKV_RETURN_IF_ERROR(check_cpu_f32(latent, "latent", {T, L}));
+  MLAKV_RETURN_IF_ERROR(check_cpu_f32(rope, "rope", {T, R}));
+  MLAKV_ASSIGN_OR_RETURN(std::vector<int64_t> pos, read_positions(positions, T));
+  MLAKV_ASSIGN_OR_RETURN(rope::RopeTable table, rope::RopeTable::create(cfg.rope, static_cast<int>(R)));
+  const bool long_factors = table.uses_long_factors(pos);
+  const float* x = hidden.ptr<const float>();
+  for (int64_t i = 0; i < T * D; ++i) {
+    if (!std::isfinite(x[i])) {
+      return invalid_argument(fmt::format("hidden[{}, {}] is not finite ({})", i / D, i % D, x[i]));
+    }
+  }
+
+  // q path -> q_full [T, H*(P+R)]
+  const int64_t QW = H * (P + R);
+  std::vector<float> q_full(static_cast<std::size_t>(T * QW));
+  if (QL > 0) {
+    std::vector<float> qa(static_cast<std::size_t>(T * QL));
+    linear(w.q_a_proj, w.q_a_bias, QL, D, x, D, T, qa.data(), QL, pool);
+    for (int64_t t = 0; t < T; ++t) rms_norm(qa.data() + t * QL, w.q_a_norm, cfg.q_norm_eps, QL, qa.data() + t * QL);
+    linear(w.q_b_proj, {}, QW, QL, qa.data(), QL, T, q_full.data(), QW, pool);
+  } else {
+    linear(w.q_proj, {}, QW, D, x, D, T, q_full.data(), QW, pool);
+  }
+
+  // kv path: [c | k_pe] -> latent = rmsnorm(c), rope = rotate(k_pe)
+  std::vector<float> kv(static_cast<std::size_t>(T * (L + R)));
+  linear(w.kv_a_proj, w.kv_a_bias, L + R, D, x, D, T, kv.data(), L + R, pool);
+  float* lat = latent.ptr<float>();
+  float* kr = rope.ptr<float>();
+  for (int64_t t = 0; t < T; ++t) {
+    rms_norm(kv.data() + t * (L + R), w.kv_a_norm, cfg.kv_norm_eps, L, lat + t * L);
+    std::copy_n(kv.data() + t * (L + R) + L, R, kr + t * R);
+    table.rotate(kr + t * R, pos[static_cast<std::size_t>(t)], long_factors);
+  }
+
+  // q_lat[h] = q_nope[h] @ W_UK_T[h]; q_pe rotated.
+  float* qo = q.ptr<float>();
+  parallel(pool, T * H, [&](int64_t item) {
+    const int64_t t = item / H, h = item % H;
+    const float* qh = q_full.data() + t * QW + h * (P + R);
+    float* dst = qo + (t * H + h) * (L + R);
+    std::vector<double> acc(static_cast<std::size_t>(L));
+    vecmat(qh, w.w_uk_t.data() + h * P * L, P, L, acc.data(), dst);
+    std::copy_n(qh + P, R, dst + L);
+    table.rotate(dst + L, pos[static_cast<std::size_t>(t)], long_factors);
+  });
+  return Status::Ok();
+}
+
+Status mla_layer_output(const MlaLayerWeights& w, const TensorView& attn_latent, const TensorView& out,
+                        ThreadPool* pool) {
+  const int64_t D = w.hidden_size, H = w.num_heads, L = w.kv_lora_rank, V = w.v_head_dim;
+  if (D < 1 || H < 1 || L < 1 || V < 1 || static_cast<int64_t>(w.w_uv.size()) != H * L * V ||
+      static_cast<int64_t>(w.o_proj.size()) != D * H * V ||
+      (!w.o_bias.empty() && static_cast<int64_t>(w.o_bias.size()) != D)) {
+    return invalid_argument(fmt::format(
+        "weights of layer {}: w_uv / o_proj / o_bias sizes do not match D {}, H {}, L {}, V {}", w.layer, D, H, L, V));
+  }
+  if (attn_latent.ndim != 3) {
+    return invalid_argument(fmt::format("attn_latent: expected [T, {}, {}], got {}", H, L, attn_latent.shape_string()));
+  }
+  const int64_t T = attn_latent.size(0);
+  MLAKV_RETURN_IF_ERROR(check_cpu_f32(attn_latent, "attn_latent", {T, H, L}));
+  MLAKV_RETURN_IF_ERROR(check_cpu_f32(out, "out", {T, D}));
+  if (T > 0 && overlaps(attn_latent, out)) return invalid_argument("out: may not overlap attn_latent");
+  const float* ol = attn_latent.ptr<const float>();
+  std::vector<float> o(static_cast<std::size_t>(T * H * V));
+  parallel(pool, T * H, [&](int64_t item) {
+    const int64_t h = item % H;
+    std::vector<double> acc(static_cast<std::size_t>(V));
+    vecmat(ol + item * L, w.w_uv.data() + h * L * V, L, V, acc.data(), o.data() + item * V);
+  });
+  linear(w.o_proj, w.o_bias, D, H * V, o.data(), H * V, T, out.ptr<float>(), D, pool);
+  return Status::Ok();
+}
+
+Status mla_layer_forward(const MlaLayerWeights& w, const ModelConfig& cfg, PagedKvCache& cache, int cache_layer,
+                         SeqId seq, const TensorView& hidden, const TensorView& positions, const TensorView& out,
+                         const MlaForwardOptions& opt) {
+  MLAKV_RETURN_IF_ERROR(check_geometry(cfg));
+  MLAKV_RETURN_IF_ERROR(check_matches(w, cfg));
+  const int64_t D = w.hidden_size, H = w.num_heads, L = w.kv_lora_rank, R = w.qk_rope_head_dim;
+  if (L != kLatentDim || R != kRopeDim) {
+    return unimplemented(
+        fmt::format("{}: the cached MLA layer needs kv_lora_rank {} and qk_rope_head_dim {} "
+                    "(what attention supports), got {} and {}",
+                    cfg.name, kLatentDim, kRopeDim, L, R));
+  }
+  if (cache_layer < 0 || cache_layer >= cache.storage().num_layers()) {
+    return out_of_range(fmt::format("cache_layer {} is outside [0, {})", cache_layer, cache.storage().num_layers()));
+  }
+  if (opt.num_splits < 1) return invalid_argument(fmt::format("num_splits must be >= 1, got {}", opt.num_splits));
+  if (hidden.ndim != 2)
+    return invalid_argument(fmt::format("hidden: expected [T, {}], got {}", D, hidden.shape_string()));
+  const int64_t T = hidden.size(0);
+  if (T < 1) return invalid_argument("hidden: T must be >= 1");
+  MLAKV_RETURN_IF_ERROR(check_cpu_f32(hidden, "hidden", {T, D}));
+  MLAKV_RETURN_IF_ERROR(check_cpu_f32(out, "out", {T, D}));
+  if (overlaps(hidden, out)) return invalid_argument("out: may not overlap hidden");
+  MLAKV_ASSIGN_OR_RETURN(CacheLayerView view, cache.storage().layer(cache_layer));
+  if (view.latent_dim != L || view.rope_dim != R) {
+    return invalid_argument(fmt::format("cache layer {}: latent {} + rope {} does not match the model's {} + {}",
+                                        cache_layer, view.latent_dim, view.rope_dim, L, R));
+  }
+  MLAKV_ASSIGN_OR_RETURN(int64_t len, cache.blocks().length(seq));
+  if (len < T) {
+    return failed_precondition(
+        fmt::format("sequence {} holds {} tokens, fewer than the {} new ones: append them to "
+                    "the cache before running the layer",
+                    seq, len, T));
+  }
+  if (len > INT32_MAX) return out_of_range(fmt::format("sequence {} is too long ({} tokens)", seq, len));
+  MLAKV_ASSIGN_OR_RETURN(std::span<const int32_t> table, cache.blocks().block_table(seq));
+  const int bs = cache.blocks().block_size();
+  std::vector<int64_t> slots(static_cast<std::size_t>(T));
+  for (int64_t i = 0; i < T; ++i) {
+    const int64_t p = len - T + i;
+    slots[static_cast<std::size_t>(i)] = static_cast<int64_t>(table[static_cast<std::size_t>(p / bs)]) * bs + p % bs;
+  }
+
+  std::vector<float> q(static_cast<std::size_t>(T * H * (L + R))), lat(static_cast<std::size_t>(T * L)),
+      rot(static_cast<std::size_t>(T * R));
+  MLAKV_RETURN_IF_ERROR(mla_layer_project(w, cfg, hidden, positions,
+                                          TensorView::contiguous(q.data(), DType::kF32, {T, H, L + R}),
+                                          TensorView::contiguous(lat.data(), DType::kF32, {T, L}),
+                                          TensorView::contiguous(rot.data(), DType::kF32, {T, R}), opt.pool));
+  MLAKV_RETURN_IF_ERROR(cache.write(cache_layer, slots, TensorView::contiguous(lat.data(), DType::kF32, {T, L}),
+                                    TensorView::contiguous(rot.data(), DType::kF32, {T, R})));
+
+  std::vector<int32_t> tab(table.begin(), table.end()), seqlen = {static_cast<int32_t>(len)};
+  std::vector<float> o_lat(static_cast<std::size_t>(T * H * L)), lse(static_cast<std::size_t>(T * H));
+  MlaAttentionParams p;
+  p.q = TensorView::contiguous(q.data(), DType::kF32, {1, T, H, L + R});
+  p.cache = view;
+  p.block_table = TensorView::contiguous(tab.data(), DType::kI32, {1, static_cast<int64_t>(tab.size())});
+  p.seqlens = TensorView::contiguous(seqlen.data(), DType::kI32, {1});
+  p.softmax_scale = static_cast<float>(cfg.softmax_scale());
+  p.causal = true;
+  p.num_splits = opt.num_splits;
+  p.out = TensorView::contiguous(o_lat.data(), DType::kF32, {1, T, H, L});
+  p.lse = TensorView::contiguous(lse.data(), DType::kF32, {1, T, H});
+  MLAKV_RETURN_IF_ERROR(mla_attention_cpu(p, {opt.pool}));
+  MLAKV_RETURN_IF_ERROR(
+      mla_layer_output(w, TensorView::contiguous(o_lat.data(), DType::kF32, {T, H, L}), out, opt.pool));
+  if (opt.trace != nullptr) {
+    opt.trace->kv_c_normed = std::move(lat);
+    opt.trace->k_pe = std::move(rot);
+    opt.trace->q = std::move(q);
+    opt.trace->attn_latent = std::move(o_lat);
+  }
+  return Status::Ok();
+}
+
+}  // namespace mlakv
