@@ -20,28 +20,17 @@
 #include <string>
 #include <vector>
 
+#include "cuda_bench_util.h"
 #include "mlakv/cuda.h"
 #include "mlakv/numerics.h"
 
 namespace {
 
 using namespace mlakv;
+using bench::check;
+using bench::kFlushBytes;
 
-#define CHECK_CUDA(x)                                                                     \
-  do {                                                                                    \
-    cudaError_t e_ = (x);                                                                 \
-    if (e_ != cudaSuccess) {                                                              \
-      std::fprintf(stderr, "error: %s: %s (%s:%d)\n", #x, cudaGetErrorString(e_), __FILE__, __LINE__); \
-      std::exit(1);                                                                       \
-    }                                                                                     \
-  } while (0)
 
-void check(const Status& st, const char* what) {
-  if (!st.ok()) {
-    std::fprintf(stderr, "error: %s: %s\n", what, st.to_string().c_str());
-    std::exit(1);
-  }
-}
 
 struct Timer {
   cudaEvent_t a, b;
@@ -56,7 +45,6 @@ struct Timer {
 };
 
 void* flush_buf = nullptr;
-constexpr std::size_t kFlushBytes = std::size_t{512} << 20;
 
 // Median milliseconds of `reps` runs of fn, L2 flushed before each.
 template <class F>

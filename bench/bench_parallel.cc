@@ -29,28 +29,17 @@
 #include <thread>
 #include <vector>
 
+#include "cuda_bench_util.h"
 #include "mlakv/cuda.h"
 #include "mlakv/dcp.h"
 
 namespace {
 
 using namespace mlakv;
+using bench::check;
+using bench::kFlushBytes;
 
-#define CHECK_CUDA(x)                                                                                 \
-  do {                                                                                                \
-    cudaError_t e_ = (x);                                                                             \
-    if (e_ != cudaSuccess) {                                                                          \
-      std::fprintf(stderr, "error: %s: %s (%s:%d)\n", #x, cudaGetErrorString(e_), __FILE__, __LINE__); \
-      std::exit(1);                                                                                   \
-    }                                                                                                 \
-  } while (0)
 
-void check(const Status& st, const std::string& what) {
-  if (!st.ok()) {
-    std::fprintf(stderr, "error: %s: %s\n", what.c_str(), st.to_string().c_str());
-    std::exit(1);
-  }
-}
 
 std::vector<int64_t> parse_list(const std::string& s) {
   std::vector<int64_t> v;
@@ -68,7 +57,6 @@ struct Timing {
   double attention_ms = 0, combine_ms = 0, allgather_ms = 0;
 };
 
-constexpr std::size_t kFlushBytes = std::size_t{512} << 20;
 constexpr int kBlock = 64;
 
 // One rank: builds its share of a `context`-token request and times `reps` steps.

@@ -25,163 +25,24 @@
 #include "core/record_codec.h"
 #include "mlakv/attention.h"
 #include "mlakv/thread_pool.h"
+#include "support/attention_case.h"
 
 namespace mlakv {
 namespace {
+
+using test::Case;
+using test::Built;
+using test::build;
+using test::token_set;
+using test::decoded;
+using test::describe;
 
 constexpr double kU = 1.0 / (1 << 24);
 const KvFormat kAllFormats[] = {KvFormat::kBf16, KvFormat::kFp8DsMla, KvFormat::kNvfp4DsMla,
                                 KvFormat::kNvfp4DsMlaFp8Rope};
 
-struct Case {
-  KvFormat format = KvFormat::kBf16;
-  int block_size = 16;
-  int heads = 8;
-  int s_q = 1;
-  std::vector<int> seqlens = {40};
-  bool causal = true;
-  int splits = 1;
-  bool sparse = false;
-  int topk = 0;
-  bool topk_length = false;
-  float outer_scale = 1.0f;
-  bool bf16_q = false;
-  uint32_t seed = 1;
-};
 
-struct Built {
-  Case c;
-  std::unique_ptr<KvCache> cache;
-  CacheLayerView view;
-  int64_t max_blocks = 1;
-  std::vector<int32_t> table, seqlens, indices, topk_len;
-  std::vector<std::vector<int64_t>> written;  // slots written per request, by position
-  std::vector<float> q;
-  std::vector<uint16_t> q16;
 
-  MlaAttentionParams params(std::vector<float>& out, std::vector<float>& lse) {
-    const int64_t B = static_cast<int64_t>(c.seqlens.size());
-    out.assign(static_cast<std::size_t>(B * c.s_q * c.heads * kLatentDim), std::numeric_limits<float>::quiet_NaN());
-    lse.assign(static_cast<std::size_t>(B * c.s_q * c.heads), std::numeric_limits<float>::quiet_NaN());
-    MlaAttentionParams p;
-    p.q = c.bf16_q ? TensorView::contiguous(q16.data(), DType::kBF16, {B, c.s_q, c.heads, kQkDim})
-                   : TensorView::contiguous(q.data(), DType::kF32, {B, c.s_q, c.heads, kQkDim});
-    p.cache = view;
-    p.block_table = TensorView::contiguous(table.data(), DType::kI32, {B, max_blocks});
-    p.seqlens = TensorView::contiguous(seqlens.data(), DType::kI32, {B});
-    if (c.sparse) {
-      p.indices = TensorView::contiguous(indices.data(), DType::kI32, {B, c.s_q, c.topk});
-      if (c.topk_length) p.topk_length = TensorView::contiguous(topk_len.data(), DType::kI32, {B});
-    }
-    p.softmax_scale = 0.1352f;
-    p.causal = c.causal;
-    p.num_splits = c.splits;
-    p.out = TensorView::contiguous(out.data(), DType::kF32, {B, c.s_q, c.heads, kLatentDim});
-    p.lse = TensorView::contiguous(lse.data(), DType::kF32, {B, c.s_q, c.heads});
-    return p;
-  }
-};
-
-Built build(const Case& c) {
-  Built t;
-  t.c = c;
-  std::mt19937 rng(c.seed);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  const int B = static_cast<int>(c.seqlens.size());
-  int64_t need = 0;
-  for (int len : c.seqlens) {
-    const int64_t nb = (len + c.block_size - 1) / c.block_size;
-    need += nb;
-    t.max_blocks = std::max<int64_t>(t.max_blocks, nb);
-  }
-  const int64_t num_blocks = need + 3;  // a few blocks nobody owns
-  KvCache::Config cfg;
-  cfg.num_blocks = num_blocks;
-  cfg.block_size = c.block_size;
-  cfg.layers = {{c.format, c.outer_scale}};
-  t.cache = std::move(KvCache::create_cpu(cfg).value());
-  t.cache->fill(0xFF);  // poison: decodes to NaN in every format, so a stray read shows
-  t.view = *t.cache->layer(0);
-  // Shuffled block tables: blocks handed out in a random order, unused entries -1.
-  std::vector<int32_t> perm(static_cast<std::size_t>(num_blocks));
-  std::iota(perm.begin(), perm.end(), 0);
-  std::shuffle(perm.begin(), perm.end(), rng);
-  t.table.assign(static_cast<std::size_t>(B * t.max_blocks), -1);
-  std::size_t next = 0;
-  std::vector<float> ch(kLatentDim);
-  for (float& s : ch) s = std::exp2(std::uniform_real_distribution<float>(-2.0f, 1.0f)(rng));
-  for (int b = 0; b < B; ++b) {
-    const int len = c.seqlens[static_cast<std::size_t>(b)];
-    t.seqlens.push_back(len);
-    const int64_t nb = (len + c.block_size - 1) / c.block_size;
-    for (int64_t k = 0; k < nb; ++k) t.table[static_cast<std::size_t>(b * t.max_blocks + k)] = perm[next++];
-    std::vector<int64_t> slots;
-    for (int pos = 0; pos < len; ++pos) {
-      slots.push_back(static_cast<int64_t>(t.table[static_cast<std::size_t>(b * t.max_blocks + pos / c.block_size)]) *
-                          c.block_size + pos % c.block_size);
-    }
-    std::vector<float> lat(static_cast<std::size_t>(len) * kLatentDim), rope(static_cast<std::size_t>(len) * kRopeDim);
-    for (std::size_t i = 0; i < lat.size(); ++i) lat[i] = nd(rng) * ch[i % kLatentDim];
-    for (float& x : rope) x = nd(rng);
-    if (len > 0) {
-      EXPECT_TRUE(t.cache->write(0, TensorView::contiguous(slots.data(), DType::kI64, {len}),
-                                 TensorView::contiguous(lat.data(), DType::kF32, {len, kLatentDim}),
-                                 TensorView::contiguous(rope.data(), DType::kF32, {len, kRopeDim}))
-                      .ok());
-    }
-    t.written.push_back(slots);
-  }
-  t.q.resize(static_cast<std::size_t>(B * c.s_q * c.heads * kQkDim));
-  for (float& x : t.q) x = nd(rng) * 0.7f;
-  if (c.bf16_q) {
-    for (float& x : t.q) {
-      t.q16.push_back(f32_to_bf16(x));
-      x = bf16_to_f32(t.q16.back());
-    }
-  }
-  if (c.sparse) {
-    // Valid written slots mixed with skipped entries: -1, other negatives, the slot
-    // count itself, and a huge value.
-    const int32_t bad[] = {-1, -7, static_cast<int32_t>(t.view.num_slots()), std::numeric_limits<int32_t>::max()};
-    for (int b = 0; b < B; ++b) {
-      for (int i = 0; i < c.s_q; ++i) {
-        for (int k = 0; k < c.topk; ++k) {
-          const auto& w = t.written[static_cast<std::size_t>(b)];
-          const bool valid = !w.empty() && std::uniform_int_distribution<int>(0, 4)(rng) != 0;
-          t.indices.push_back(valid ? static_cast<int32_t>(w[std::uniform_int_distribution<std::size_t>(0, w.size() - 1)(rng)])
-                                    : bad[std::uniform_int_distribution<int>(0, 3)(rng)]);
-        }
-      }
-      t.topk_len.push_back(std::uniform_int_distribution<int>(0, c.topk)(rng));
-    }
-  }
-  return t;
-}
-
-// Decoded [latent | rope] of a slot.
-std::vector<float> decoded(const CacheLayerView& v, int64_t slot) {
-  std::vector<float> k(kQkDim);
-  codec::decode_record(v.format, v.record(slot), v.outer_scale, k.data(), k.data() + kLatentDim);
-  return k;
-}
-
-// Tokens query (b, i) attends to, as slots (the test's own reading of the semantics).
-std::vector<int64_t> token_set(const Built& t, int b, int i) {
-  const Case& c = t.c;
-  std::vector<int64_t> out;
-  if (c.sparse) {
-    const int n = c.topk_length ? t.topk_len[static_cast<std::size_t>(b)] : c.topk;
-    for (int k = 0; k < n; ++k) {
-      const int32_t s = t.indices[static_cast<std::size_t>((b * c.s_q + i) * c.topk + k)];
-      if (s >= 0 && s < t.view.num_slots()) out.push_back(s);
-    }
-    return out;
-  }
-  const int len = c.seqlens[static_cast<std::size_t>(b)];
-  const int vis = c.causal ? std::clamp(len - c.s_q + i + 1, 0, len) : len;
-  const auto& w = t.written[static_cast<std::size_t>(b)];
-  return std::vector<int64_t>(w.begin(), w.begin() + vis);
-}
 
 // Naive float32 attention: the yardstick for same-precision error.
 void naive_f32(const Built& t, std::vector<float>& o, std::vector<float>& lse) {
@@ -282,14 +143,6 @@ void expect_close(Built& t, const std::vector<float>& ref_o, const std::vector<f
   }
 }
 
-std::string describe(const Case& c) {
-  std::string s = std::string(format_name(c.format)) + " bs=" + std::to_string(c.block_size) + " H=" +
-                  std::to_string(c.heads) + " s_q=" + std::to_string(c.s_q) + " splits=" + std::to_string(c.splits) +
-                  (c.causal ? " causal" : " full") + (c.sparse ? " sparse topk=" + std::to_string(c.topk) : "") +
-                  " seqlens=";
-  for (int l : c.seqlens) s += std::to_string(l) + ",";
-  return s;
-}
 
 void run_case(const Case& c, ThreadPool* pool) {
   Built t = build(c);

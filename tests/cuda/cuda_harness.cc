@@ -40,6 +40,7 @@
 #include "mlakv/hf_config.h"
 #include "mlakv/mla_layer.h"
 #include "mlakv/safetensors.h"
+#include "../support/attention_case.h"
 
 namespace mlakv {
 namespace {
@@ -74,133 +75,11 @@ bool have_gpu() {
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
 }
 
-// ---- a test case -------------------------------------------------------------------------
-struct Case {
-  KvFormat format = KvFormat::kBf16;
-  int block_size = 64;
-  int heads = 16;
-  int s_q = 1;
-  std::vector<int> seqlens = {100};
-  bool causal = true;
-  int splits = 1;
-  bool sparse = false;
-  int topk = 0;
-  bool topk_length = false;
-  float outer_scale = 1.0f;
-  bool bf16_q = false;
-  uint32_t seed = 1;
-
-  std::string name() const {
-    std::string s = std::string(format_name(format)) + " bs=" + std::to_string(block_size) + " H=" +
-                    std::to_string(heads) + " s_q=" + std::to_string(s_q) + " splits=" + std::to_string(splits) +
-                    (causal ? " causal" : " full") + (sparse ? " sparse topk=" + std::to_string(topk) : "") +
-                    (topk_length ? " topk_len" : "") + (bf16_q ? " q=bf16" : " q=f32") + " outer=" +
-                    std::to_string(outer_scale) + " seed=" + std::to_string(seed) + " seqlens=";
-    for (int l : seqlens) s += std::to_string(l) + ",";
-    return s;
-  }
-};
-
-struct Host {
-  Case c;
-  std::unique_ptr<KvCache> cache;
-  CacheLayerView view;
-  int64_t max_blocks = 1;
-  std::vector<int32_t> table, seqlens, indices, topk_len;
-  std::vector<std::vector<int64_t>> written;
-  std::vector<float> q;
-  std::vector<uint16_t> q16;
-};
-
-Host build(const Case& c) {
-  Host t;
-  t.c = c;
-  std::mt19937 rng(c.seed);
-  std::normal_distribution<float> nd;
-  const int B = static_cast<int>(c.seqlens.size());
-  int64_t need = 0;
-  for (int len : c.seqlens) {
-    const int64_t nb = (len + c.block_size - 1) / c.block_size;
-    need += nb;
-    t.max_blocks = std::max<int64_t>(t.max_blocks, nb);
-  }
-  KvCache::Config cfg;
-  cfg.num_blocks = need + 3;
-  cfg.block_size = c.block_size;
-  cfg.layers = {{c.format, c.outer_scale}};
-  t.cache = std::move(KvCache::create_cpu(cfg).value());
-  t.cache->fill(0xFF);  // NaN in every format: a stray read shows
-  t.view = *t.cache->layer(0);
-  std::vector<int32_t> perm(static_cast<std::size_t>(cfg.num_blocks));
-  std::iota(perm.begin(), perm.end(), 0);
-  std::shuffle(perm.begin(), perm.end(), rng);
-  t.table.assign(static_cast<std::size_t>(B * t.max_blocks), -1);
-  std::size_t next = 0;
-  std::vector<float> ch(kLatentDim);
-  for (float& s : ch) s = std::exp2(std::uniform_real_distribution<float>(-2.0f, 1.0f)(rng));
-  for (int b = 0; b < B; ++b) {
-    const int len = c.seqlens[static_cast<std::size_t>(b)];
-    t.seqlens.push_back(len);
-    const int64_t nb = (len + c.block_size - 1) / c.block_size;
-    for (int64_t k = 0; k < nb; ++k) t.table[static_cast<std::size_t>(b * t.max_blocks + k)] = perm[next++];
-    std::vector<int64_t> slots;
-    for (int pos = 0; pos < len; ++pos) {
-      slots.push_back(static_cast<int64_t>(t.table[static_cast<std::size_t>(b * t.max_blocks + pos / c.block_size)]) *
-                          c.block_size + pos % c.block_size);
-    }
-    std::vector<float> lat(static_cast<std::size_t>(len) * kLatentDim), rope(static_cast<std::size_t>(len) * kRopeDim);
-    for (std::size_t i = 0; i < lat.size(); ++i) lat[i] = nd(rng) * ch[i % kLatentDim];
-    for (float& x : rope) x = nd(rng);
-    if (len > 0) {
-      EXPECT_TRUE(t.cache->write(0, TensorView::contiguous(slots.data(), DType::kI64, {len}),
-                                 TensorView::contiguous(lat.data(), DType::kF32, {len, kLatentDim}),
-                                 TensorView::contiguous(rope.data(), DType::kF32, {len, kRopeDim}))
-                      .ok());
-    }
-    t.written.push_back(slots);
-  }
-  t.q.resize(static_cast<std::size_t>(B * c.s_q * c.heads * kQkDim));
-  for (float& x : t.q) x = nd(rng) * 0.7f;
-  if (c.bf16_q) {
-    for (float& x : t.q) {
-      t.q16.push_back(f32_to_bf16(x));
-      x = bf16_to_f32(t.q16.back());
-    }
-  }
-  if (c.sparse) {
-    const int32_t bad[] = {-1, -7, static_cast<int32_t>(t.view.num_slots()), std::numeric_limits<int32_t>::max()};
-    for (int b = 0; b < B; ++b) {
-      for (int i = 0; i < c.s_q; ++i) {
-        for (int k = 0; k < c.topk; ++k) {
-          const auto& w = t.written[static_cast<std::size_t>(b)];
-          const bool valid = !w.empty() && std::uniform_int_distribution<int>(0, 4)(rng) != 0;
-          t.indices.push_back(valid ? static_cast<int32_t>(w[std::uniform_int_distribution<std::size_t>(0, w.size() - 1)(rng)])
-                                    : bad[std::uniform_int_distribution<int>(0, 3)(rng)]);
-        }
-      }
-      t.topk_len.push_back(std::uniform_int_distribution<int>(0, c.topk)(rng));
-    }
-  }
-  return t;
-}
-
-// Tokens (slots) query (b, i) attends to: the test's own reading of the semantics.
-std::vector<int64_t> token_set(const Host& t, int b, int i) {
-  const Case& c = t.c;
-  std::vector<int64_t> out;
-  if (c.sparse) {
-    const int n = c.topk_length ? t.topk_len[static_cast<std::size_t>(b)] : c.topk;
-    for (int k = 0; k < n; ++k) {
-      const int32_t s = t.indices[static_cast<std::size_t>((b * c.s_q + i) * c.topk + k)];
-      if (s >= 0 && s < t.view.num_slots()) out.push_back(s);
-    }
-    return out;
-  }
-  const int len = c.seqlens[static_cast<std::size_t>(b)];
-  const int vis = c.causal ? std::clamp(len - c.s_q + i + 1, 0, len) : len;
-  const auto& w = t.written[static_cast<std::size_t>(b)];
-  return std::vector<int64_t>(w.begin(), w.begin() + vis);
-}
+// ---- cases: shared with tests/attention_test.cc -------------------------------------------
+using test::Case;
+using Host = test::Built;
+using test::build;
+using test::token_set;
 
 double bf16r(double x) { return bf16_to_f32(f32_to_bf16(static_cast<float>(x))); }
 
@@ -360,7 +239,7 @@ void run_device(const Host& t, std::vector<float>& out, std::vector<float>& lse,
 }
 
 void check_case(const Case& c, bool use_graph = false) {
-  SCOPED_TRACE(c.name());
+  SCOPED_TRACE(test::describe(c));
   Host t = build(c);
   std::vector<float> out, lse;
   run_device(t, out, lse, use_graph);
@@ -437,6 +316,7 @@ TEST_F(Cuda, CausalMultiTokenAndSplits) {
       for (int splits : {1, 3, 8}) {
         Case c;
         c.format = f;
+        c.block_size = 64;
         c.s_q = s_q;
         c.heads = 16;
         c.splits = splits;
@@ -449,6 +329,8 @@ TEST_F(Cuda, CausalMultiTokenAndSplits) {
     }
     Case full;
     full.format = f;
+    full.block_size = 64;
+    full.heads = 16;
     full.s_q = 2;
     full.causal = false;
     full.seqlens = {64, 130};
@@ -462,6 +344,7 @@ TEST_F(Cuda, SparseWithInvalidIndices) {
     for (int heads : {16, 64, 128}) {
       Case c;
       c.format = f;
+      c.block_size = 64;
       c.sparse = true;
       c.heads = heads;
       c.s_q = 2;
@@ -480,6 +363,8 @@ TEST_F(Cuda, GraphCaptureAndReplayWithNewContents) {
   for (KvFormat f : {KvFormat::kFp8DsMla, KvFormat::kNvfp4DsMlaFp8Rope}) {
     Case c;
     c.format = f;
+    c.block_size = 64;
+    c.heads = 16;
     c.splits = 4;
     c.seqlens = {500, 33};
     check_case(c, /*use_graph=*/true);
