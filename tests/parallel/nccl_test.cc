@@ -55,8 +55,18 @@ const std::vector<int> kSeqlens = {1, 3, 1000, 4097, 0};  // shorter than the ra
     if (e_ != cudaSuccess) return internal_error(fmt::format("{}: {}", #x, cudaGetErrorString(e_))); \
   } while (0)
 
+// Move-only: a copy would free the buffer twice (and a vector reallocation would free
+// buffers still in use by queued kernels).
 struct DeviceMem {
   void* p = nullptr;
+  DeviceMem() = default;
+  DeviceMem(const DeviceMem&) = delete;
+  DeviceMem& operator=(const DeviceMem&) = delete;
+  DeviceMem(DeviceMem&& o) noexcept : p(o.p) { o.p = nullptr; }
+  DeviceMem& operator=(DeviceMem&& o) noexcept {
+    std::swap(p, o.p);
+    return *this;
+  }
   ~DeviceMem() {
     if (p != nullptr) cudaFree(p);
   }
