@@ -88,6 +88,11 @@ struct MlaLoadOptions {
 StatusOr<MlaLayerWeights> load_mla_layer(const TensorSource& src, const ModelConfig& cfg, int layer,
                                          const MlaLoadOptions& opt = {});
 
+// Checks that `w` holds a layer of `cfg`: the geometry fields agree, the config is one
+// the layer can run, and every weight vector has its expected size (optional biases may
+// be empty). The message names the mismatching field or weight.
+Status validate_mla_layer_weights(const MlaLayerWeights& w, const ModelConfig& cfg);
+
 // The absorbed pair from a dense kv_b_proj (the simple construction this layer uses;
 // include/mlakv/absorb.h is the allocator-aware one for serving):
 //   kv_b   [H*(P+V), L] f32, viewed [H, P+V, L]: rows [0, P) of head h are W_UK, [P, P+V) W_UV

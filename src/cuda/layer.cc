@@ -66,12 +66,7 @@ int DeviceMlaLayer::device() const { return impl_->device; }
 
 StatusOr<std::unique_ptr<DeviceMlaLayer>> DeviceMlaLayer::upload(const MlaLayerWeights& w, const ModelConfig& cfg,
                                                                  int device) {
-  MLAKV_RETURN_IF_ERROR(cfg.validate());
-  if (w.hidden_size != cfg.hidden_size || w.num_heads != cfg.num_heads || w.q_lora_rank != cfg.q_lora_rank ||
-      w.kv_lora_rank != cfg.kv_lora_rank || w.qk_nope_head_dim != cfg.qk_nope_head_dim ||
-      w.qk_rope_head_dim != cfg.qk_rope_head_dim || w.v_head_dim != cfg.v_head_dim) {
-    return invalid_argument(fmt::format("weights of layer {} do not match the geometry of model {}", w.layer, cfg.name));
-  }
+  MLAKV_RETURN_IF_ERROR(validate_mla_layer_weights(w, cfg));
   if (cfg.kv_lora_rank != kLatentDim || cfg.qk_rope_head_dim != kRopeDim) {
     return invalid_argument(fmt::format("the GPU layer needs latent {} + rope {}, model {} has {} + {}", kLatentDim,
                                         kRopeDim, cfg.name, cfg.kv_lora_rank, cfg.qk_rope_head_dim));

@@ -238,6 +238,11 @@ bool overlaps(const TensorView& a, const TensorView& b) {
 
 }  // namespace
 
+Status validate_mla_layer_weights(const MlaLayerWeights& w, const ModelConfig& cfg) {
+  MLAKV_RETURN_IF_ERROR(check_geometry(cfg));
+  return check_matches(w, cfg);
+}
+
 std::size_t MlaLayerWeights::bytes() const {
   std::size_t n = 0;
   for (const auto* v : {&q_a_proj, &q_a_bias, &q_a_norm, &q_b_proj, &q_proj, &kv_a_proj, &kv_a_bias, &kv_a_norm,
