@@ -136,32 +136,7 @@ Result run_shape(KvFormat f, const Shape& sh, int reps, double copy_tbps, double
   v.record_bytes = rb;
   v.format = f;
   v.device = Device::cuda(0);
-  // Fill through the CUDA writer from random latents, 64K tokens at a time.
-  {
-    const int64_t chunk = 65536;
-    float *lat, *rope;
-    int64_t* slots;
-    CHECK_CUDA(cudaMalloc(&lat, chunk * kLatentDim * 4));
-    CHECK_CUDA(cudaMalloc(&rope, chunk * kRopeDim * 4));
-    CHECK_CUDA(cudaMalloc(&slots, chunk * 8));
-    std::vector<int64_t> hs(static_cast<std::size_t>(chunk));
-    for (int64_t t0 = 0; t0 < num_blocks * bs; t0 += chunk) {
-      const int64_t n = std::min(chunk, num_blocks * bs - t0);
-      curandGenerateNormal(gen, lat, static_cast<std::size_t>(chunk * kLatentDim), 0.0f, 1.0f);
-      curandGenerateNormal(gen, rope, static_cast<std::size_t>(chunk * kRopeDim), 0.0f, 1.0f);
-      std::iota(hs.begin(), hs.begin() + n, t0);
-      CHECK_CUDA(cudaMemcpy(slots, hs.data(), static_cast<std::size_t>(n) * 8, cudaMemcpyHostToDevice));
-      check(cuda::write_cache(v, TensorView::contiguous(slots, DType::kI64, {n}, v.device),
-                              TensorView::contiguous(lat, DType::kF32, {n, kLatentDim}, v.device),
-                              TensorView::contiguous(rope, DType::kF32, {n, kRopeDim}, v.device), Fp8ScaleMode::kPow2,
-                              nullptr),
-            "write_cache");
-    }
-    CHECK_CUDA(cudaDeviceSynchronize());
-    cudaFree(lat);
-    cudaFree(rope);
-    cudaFree(slots);
-  }
+  bench::fill_random_records(v, num_blocks * bs, gen, nullptr);
   float *q, *out, *lse;
   const int64_t rows = B * sh.s_q * sh.H;
   CHECK_CUDA(cudaMalloc(&q, rows * kQkDim * 4));

@@ -82,27 +82,7 @@ Timing run_rank(Communicator& comm, KvFormat format, int heads, int64_t context,
   curandGenerator_t gen;
   curandCreateGenerator(&gen, CURAND_RNG_PSEUDO_DEFAULT);
   curandSetPseudoRandomGeneratorSeed(gen, 1234 + static_cast<unsigned long long>(r));
-  curandSetStream(gen, stream);
-  const int64_t chunk = 65536;
-  float *lat = nullptr, *rope = nullptr;
-  int64_t* slots = nullptr;
-  CHECK_CUDA(cudaMalloc(&lat, static_cast<std::size_t>(chunk * kLatentDim) * sizeof(float)));
-  CHECK_CUDA(cudaMalloc(&rope, static_cast<std::size_t>(chunk * kRopeDim) * sizeof(float)));
-  CHECK_CUDA(cudaMalloc(&slots, static_cast<std::size_t>(chunk) * sizeof(int64_t)));
-  std::vector<int64_t> hs(static_cast<std::size_t>(chunk));
-  for (int64_t start = 0; start < local; start += chunk) {
-    const int64_t n = std::min(chunk, local - start);
-    for (int64_t i = 0; i < n; ++i) hs[static_cast<std::size_t>(i)] = start + i;
-    CHECK_CUDA(cudaMemcpyAsync(slots, hs.data(), static_cast<std::size_t>(n) * sizeof(int64_t), cudaMemcpyHostToDevice, stream));
-    curandGenerateNormal(gen, lat, static_cast<std::size_t>(chunk * kLatentDim), 0.0f, 1.0f);
-    curandGenerateNormal(gen, rope, static_cast<std::size_t>(chunk * kRopeDim), 0.0f, 1.0f);
-    check(cuda::write_cache(view, TensorView::contiguous(slots, DType::kI64, {n}, view.device),
-                            TensorView::contiguous(lat, DType::kF32, {n, kLatentDim}, view.device),
-                            TensorView::contiguous(rope, DType::kF32, {n, kRopeDim}, view.device), Fp8ScaleMode::kPow2,
-                            stream),
-          "write_cache");
-    CHECK_CUDA(cudaStreamSynchronize(stream));  // hs is reused
-  }
+  bench::fill_random_records(view, local, gen, stream);
   // Decode metadata: one request, identity block table, local seqlen.
   std::vector<int32_t> table(static_cast<std::size_t>(blocks));
   for (int64_t b = 0; b < blocks; ++b) table[static_cast<std::size_t>(b)] = static_cast<int32_t>(b);
@@ -191,7 +171,7 @@ Timing run_rank(Communicator& comm, KvFormat format, int heads, int64_t context,
     if (it >= warmup) tc.push_back(c);
   }
   check(comm.set_stream(nullptr), "set_stream");
-  for (void* ptr : {static_cast<void*>(cache), static_cast<void*>(lat), static_cast<void*>(rope), static_cast<void*>(slots),
+  for (void* ptr : {static_cast<void*>(cache),
                     static_cast<void*>(dtable), static_cast<void*>(dlen), static_cast<void*>(q), static_cast<void*>(op),
                     static_cast<void*>(lp), static_cast<void*>(out), static_cast<void*>(lse), ws, cws, ag, flush}) {
     cudaFree(ptr);
