@@ -12,8 +12,8 @@
 
 #include "cli/cli.h"
 #include "cli/progress.h"
-#include "core/record_codec.h"
-#include "core/synthetic.h"
+#include "format/record_codec.h"
+#include "eval/synthetic.h"
 #include "cpu/attention_kernels.h"
 #include "mlakv/attention.h"
 #include "mlakv/model_config.h"

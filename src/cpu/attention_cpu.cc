@@ -9,7 +9,7 @@
 #include <limits>
 #include <vector>
 
-#include "cpu/attention_internal.h"
+#include "attention/token_set.h"
 #include "cpu/attention_kernels.h"
 #include "mlakv/attn_state.h"
 #include "mlakv/thread_pool.h"

@@ -24,7 +24,7 @@
 #include <cstring>
 #include <limits>
 
-#include "core/record_codec.h"
+#include "format/record_codec.h"
 #include "cpu/attention_kernels.h"
 
 HWY_BEFORE_NAMESPACE();

@@ -6,8 +6,8 @@
 #include <limits>
 #include <vector>
 
-#include "core/record_codec.h"
-#include "cpu/attention_internal.h"
+#include "format/record_codec.h"
+#include "attention/token_set.h"
 
 namespace mlakv {
 namespace {

@@ -21,7 +21,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "core/record_codec.h"
+#include "format/record_codec.h"
 #include "cuda/kernels.h"
 #include "cuda/mma.cuh"
 #include "mlakv/attn_state.h"

@@ -3,7 +3,7 @@
 // the CPU codec's (tests/cuda/cuda_harness.cc checks it).
 #include <cuda_runtime.h>
 
-#include "core/record_codec.h"
+#include "format/record_codec.h"
 #include "cuda/kernels.h"
 
 namespace mlakv::cuda::kernels {

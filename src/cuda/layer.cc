@@ -11,7 +11,7 @@
 #include <cmath>
 #include <vector>
 
-#include "core/rope.h"
+#include "model/rope.h"
 #include "cuda/common.h"
 #include "cuda/kernels.h"
 #include "mlakv/allocator.h"

@@ -8,7 +8,7 @@
 #include <cstring>
 #include <functional>
 
-#include "core/rope.h"
+#include "model/rope.h"
 #include "mlakv/attention.h"
 #include "mlakv/numerics.h"
 #include "mlakv/thread_pool.h"

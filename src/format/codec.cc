@@ -5,7 +5,7 @@
 #include <cmath>
 #include <vector>
 
-#include "core/record_codec.h"
+#include "format/record_codec.h"
 
 namespace mlakv {
 namespace {

@@ -1,4 +1,4 @@
-#include "core/rope.h"
+#include "model/rope.h"
 
 #include <fmt/format.h>
 

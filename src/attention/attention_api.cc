@@ -5,7 +5,7 @@
 #include <cmath>
 #include <vector>
 
-#include "cpu/attention_internal.h"
+#include "attention/token_set.h"
 #include "mlakv/attention.h"
 #include "mlakv/attn_state.h"
 

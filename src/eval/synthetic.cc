@@ -1,4 +1,4 @@
-#include "core/synthetic.h"
+#include "eval/synthetic.h"
 
 #include <cmath>
 #include <numeric>
