@@ -22,7 +22,7 @@
 #include <random>
 #include <vector>
 
-#include "core/record_codec.h"
+#include "format/record_codec.h"
 #include "mlakv/attention.h"
 #include "mlakv/thread_pool.h"
 #include "support/attention_case.h"

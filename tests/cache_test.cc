@@ -6,7 +6,7 @@
 #include <random>
 #include <vector>
 
-#include "core/record_codec.h"
+#include "format/record_codec.h"
 #include "mlakv/cache.h"
 
 namespace mlakv {

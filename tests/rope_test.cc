@@ -2,7 +2,7 @@
 // transformers' own (the float32 inv_freq stored in the HF parity fixtures), the two
 // rotation layouts on hand-computed vectors, the relative-position property, longrope's
 // long/short switch, and argument errors.
-#include "core/rope.h"
+#include "model/rope.h"
 
 #include <gtest/gtest.h>
 

@@ -33,7 +33,7 @@
 #include <string>
 #include <vector>
 
-#include "core/record_codec.h"
+#include "format/record_codec.h"
 #include "mlakv/attention.h"
 #include "mlakv/cuda.h"
 #include "mlakv/cuda_layer.h"

@@ -27,7 +27,7 @@
 #include <thread>
 #include <vector>
 
-#include "core/record_codec.h"
+#include "format/record_codec.h"
 #include "mlakv/dcp.h"
 
 namespace mlakv {

@@ -37,7 +37,7 @@
 #include <thread>
 #include <vector>
 
-#include "core/record_codec.h"
+#include "format/record_codec.h"
 #include "mlakv/cuda.h"
 #include "mlakv/dcp.h"
 

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "core/record_codec.h"
+#include "format/record_codec.h"
 #include "mlakv/attention.h"
 
 namespace mlakv::test {
