@@ -15,6 +15,8 @@
 //   5. O += P V: warp w owns output columns [128w, 128w+128) (V = K's first 512 dims).
 // Split-KV partials go to the workspace; smxx's combine kernel (smxx/combine.cu) merges
 // them with the AttnState rule of attn_state.h.
+#pragma once
+
 #include <cuda_runtime.h>
 
 #include <algorithm>
