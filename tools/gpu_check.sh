@@ -39,8 +39,10 @@ echo "build ok"
 
 rc=0
 if want harness; then
-  ./build-gpu/tests/cuda_harness 2>&1 | tee "$OUT/harness.log" | grep -E "^\[ +(OK|FAILED|PASSED) |Failure|error|Expected|Which is|row" | head -80
+  # One gtest case per parameter set (~150): show failures and the summary, count the rest.
+  ./build-gpu/tests/cuda_harness 2>&1 | tee "$OUT/harness.log" | grep -E "^\[ +(FAILED|PASSED) |^\[==========\]|Failure|error|Expected|Which is|row" | head -80
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+  echo "harness: $(grep -c '^\[       OK \]' "$OUT/harness.log") cases OK"
 fi
 if want sanitize; then
   for tool in memcheck racecheck; do
