@@ -21,6 +21,7 @@ from ._core import (  # noqa: F401
     PagedCache,
     cache_layer,
     cpu_isa,
+    cuda_available,
     decode,
     encode,
     formats,

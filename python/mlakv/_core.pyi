@@ -21,7 +21,7 @@ def decode(records: Array, format: str, *, outer_scale: float = 1.0, latent_dim:
            rope_dim: int = 64) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
     """records [n, record_bytes] uint8 -> (latent [n, 512], rope [n, 64]) float32."""
 def write_cache(kv_cache: Array, slot_mapping: Array, latent: Array, rope: Array, *, format: str,
-                outer_scale: float = 1.0, fp8_scales: str = "pow2") -> None:
+                outer_scale: float = 1.0, fp8_scales: str = "pow2", stream: int = 0) -> None:
     """vLLM's concat_and_cache_mla: kv_cache [num_blocks, block_size, record_bytes] uint8 (written in place),
     slot_mapping [n] int64/int32 (-1 = padding, skipped), latent [n, 512], rope [n, 64]. All or nothing."""
 
@@ -75,16 +75,21 @@ def mla_decode(q: Array, cache_layer: CacheLayer, block_table: Optional[Array] =
                seqlens: Optional[Array] = None, *, softmax_scale: float, causal: bool = True,
                indices: Optional[Array] = None, topk_length: Optional[Array] = None,
                num_splits: Optional[int] = None, return_lse: bool = True, out: Optional[Array] = None,
-               lse: Optional[Array] = None) -> Any:
+               lse: Optional[Array] = None, workspace: Optional[Array] = None, stream: int = 0) -> Any:
     """Absorbed MLA attention. q [B, S, H, 576] f32/bf16; dense: block_table [B, max_blocks] int32,
     seqlens [B] int32; sparse: indices [B, S, topk] int32 slot ids (invalid ones skipped), topk_length [B].
-    Returns out [B, S, H, 512] f32 (and lse [B, S, H] f32, natural log), written into out/lse if given."""
+    Returns out [B, S, H, 512] f32 (and lse [B, S, H] f32, natural log), written into out/lse if given.
+    On CUDA tensors: out and lse must be given, `workspace` (uint8, on the device) when num_splits > 1, and the
+    kernels are enqueued on `stream` (a cudaStream_t as int, e.g. torch.cuda.current_stream().cuda_stream):
+    no allocation and no host synchronisation, so the call can be captured in a CUDA graph."""
 def merge_attn_states(o_parts: Array, lse_parts: Array, *, out: Optional[Array] = None,
                       lse: Optional[Array] = None) -> tuple[Any, Any]:
     """o_parts [P, N, D] f32, lse_parts [P, N] f32 -> (out [N, D], lse [N]); lse = -inf parts count nothing."""
 def set_num_threads(n: int) -> None: ...
 def num_threads() -> int: ...
 def cpu_isa() -> str: ...
+def cuda_available() -> bool:
+    """Whether this build has the CUDA backend (CUDA tensors accepted by write_cache / mla_decode)."""
 def plan(model: str, *, format: str = "fp8_ds_mla", gpus: int = 1, gpu_mem_gib: float = 80.0, tp: int = 1,
          dcp: int = 1, mem_util: float = 0.9, reserved_gib: float = 0.0, block_size: int = 64) -> dict[str, Any]:
     """KV capacity for a preset name or a config.json path (mlakv plan)."""

@@ -10,6 +10,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -18,6 +19,9 @@
 #include <vector>
 
 #include "mlakv/attention.h"
+#ifdef MLAKV_PY_CUDA
+#include "mlakv/cuda.h"
+#endif
 #include "mlakv/cache.h"
 #include "mlakv/codec.h"
 #include "mlakv/formats.h"
@@ -257,13 +261,20 @@ nb::object mla_decode(const AnyArray& q, const CacheLayer& layer, std::optional<
                       std::optional<AnyArray> seqlens, float softmax_scale, bool causal,
                       std::optional<AnyArray> indices, std::optional<AnyArray> topk_length,
                       std::optional<int> num_splits, bool return_lse, std::optional<AnyMutArray> out,
-                      std::optional<AnyMutArray> lse) {
+                      std::optional<AnyMutArray> lse, std::optional<AnyMutArray> workspace, uintptr_t stream) {
   MlaAttentionParams p;
   p.q = view_of(q, "q");
   p.cache = layer.view;
-  if (p.cache.device.type != DeviceType::kCpu) {
-    throw nb::value_error("cache_layer: this build's mla_decode runs CPU cache layers; CUDA layers go through the "
-                          "CUDA backend (mlakv.cuda_available() says whether this build has it)");
+  const bool on_cuda = p.cache.device.type == DeviceType::kCuda;
+#ifndef MLAKV_PY_CUDA
+  if (on_cuda) {
+    throw nb::value_error("cache_layer: a CUDA layer, but this build of mlakv has no CUDA backend "
+                          "(mlakv.cuda_available() is False)");
+  }
+#endif
+  if (on_cuda && (!out || !lse)) {
+    throw nb::value_error("out/lse: on CUDA the caller passes out [B, S, H, 512] f32 and lse [B, S, H] f32 "
+                          "(mla_decode allocates nothing on the device, so it can be captured in a CUDA graph)");
   }
   if (indices) {
     p.indices = view_of(*indices, "indices");
@@ -299,9 +310,32 @@ nb::object mla_decode(const AnyArray& q, const CacheLayer& layer, std::optional<
     p.lse = TensorView::contiguous(a.data(), DType::kF32, {p.q.size(0), p.q.size(1), p.q.size(2)});
     lse_obj = nb::cast(a);
   }
-  ThreadPool* tp = pool();
   p.num_splits = num_splits ? *num_splits : 1;
+#ifdef MLAKV_PY_CUDA
+  if (on_cuda) {
+    const AttentionPlan plan = value(cuda::plan_mla_attention(p));
+    void* ws = nullptr;
+    if (plan.workspace_bytes > 0) {
+      if (!workspace) {
+        throw nb::value_error(("workspace: num_splits > 1 needs a CUDA uint8 workspace of " +
+                               std::to_string(plan.workspace_bytes) +
+                               " bytes (mlakv.decode_workspace_bytes gives the size)").c_str());
+      }
+      const TensorView w = view_of(*workspace, "workspace");
+      if (w.device != p.cache.device || w.dtype != DType::kU8 || !w.is_contiguous() ||
+          static_cast<size_t>(w.numel()) < plan.workspace_bytes) {
+        throw nb::value_error(("workspace: needs a contiguous uint8 tensor of >= " +
+                               std::to_string(plan.workspace_bytes) + " bytes on " + device_name(p.cache.device))
+                                  .c_str());
+      }
+      ws = w.data;
+    }
+    nb::gil_scoped_release nogil;
+    check(cuda::run_mla_attention(p, plan, ws, reinterpret_cast<void*>(stream)));
+  } else
+#endif
   {
+    ThreadPool* tp = pool();
     nb::gil_scoped_release nogil;
     check(mla_attention_cpu(p, {tp}));
   }
@@ -378,15 +412,23 @@ std::tuple<nb::object, nb::object> decode(const AnyArray& records, const std::st
 }
 
 void write_cache(const AnyMutArray& kv_cache, const AnyArray& slot_mapping, const AnyArray& latent,
-                 const AnyArray& rope, const std::string& format, float outer_scale, const std::string& fp8_scales) {
+                 const AnyArray& rope, const std::string& format, float outer_scale, const std::string& fp8_scales,
+                 uintptr_t stream) {
   nb::object holder = nb::cast(kv_cache);
   CacheLayer layer = cache_layer_from_tensor(holder, kv_cache, format, outer_scale);
-  if (layer.view.device.type != DeviceType::kCpu) {
-    throw nb::value_error("kv_cache: this build's write_cache writes CPU tensors");
-  }
   const TensorView s = view_of(slot_mapping, "slot_mapping"), l = view_of(latent, "latent"), r = view_of(rope, "rope");
+  const Fp8ScaleMode mode = fp8_mode_of(fp8_scales);
+  if (layer.view.device.type == DeviceType::kCuda) {
+#ifdef MLAKV_PY_CUDA
+    nb::gil_scoped_release nogil;
+    check(cuda::write_cache(layer.view, s, l, r, mode, reinterpret_cast<void*>(stream)));
+    return;
+#else
+    throw nb::value_error("kv_cache: a CUDA tensor, but this build of mlakv has no CUDA backend");
+#endif
+  }
   nb::gil_scoped_release nogil;
-  check(write_cache_layer(layer.view, s, l, r, fp8_mode_of(fp8_scales)));
+  check(write_cache_layer(layer.view, s, l, r, mode));
 }
 
 // ---- planning and scales ----------------------------------------------------------------------------------
@@ -468,7 +510,7 @@ NB_MODULE(_core, m) {
   m.def("decode", &decode, "records"_a, "format"_a, nb::kw_only(), "outer_scale"_a = 1.0f,
         "latent_dim"_a = kLatentDim, "rope_dim"_a = kRopeDim);
   m.def("write_cache", &write_cache, "kv_cache"_a, "slot_mapping"_a, "latent"_a, "rope"_a, nb::kw_only(),
-        "format"_a, "outer_scale"_a = 1.0f, "fp8_scales"_a = "pow2");
+        "format"_a, "outer_scale"_a = 1.0f, "fp8_scales"_a = "pow2", "stream"_a = 0);
 
   nb::class_<CacheLayer>(m, "CacheLayer")
       .def_prop_ro("num_blocks", [](const CacheLayer& c) { return c.view.num_blocks; })
@@ -513,7 +555,8 @@ NB_MODULE(_core, m) {
 
   m.def("mla_decode", &mla_decode, "q"_a, "cache_layer"_a, "block_table"_a = nb::none(), "seqlens"_a = nb::none(),
         nb::kw_only(), "softmax_scale"_a, "causal"_a = true, "indices"_a = nb::none(), "topk_length"_a = nb::none(),
-        "num_splits"_a = nb::none(), "return_lse"_a = true, "out"_a = nb::none(), "lse"_a = nb::none());
+        "num_splits"_a = nb::none(), "return_lse"_a = true, "out"_a = nb::none(), "lse"_a = nb::none(),
+        "workspace"_a = nb::none(), "stream"_a = 0);
   m.def("merge_attn_states", &merge_states, "o_parts"_a, "lse_parts"_a, nb::kw_only(), "out"_a = nb::none(),
         "lse"_a = nb::none());
   m.def("set_num_threads", [](int n) {
@@ -522,6 +565,13 @@ NB_MODULE(_core, m) {
     g_pool = std::make_unique<ThreadPool>(n);
   }, "n"_a);
   m.def("num_threads", [] { return pool()->num_threads(); });
+  m.def("cuda_available", [] {
+#ifdef MLAKV_PY_CUDA
+    return true;
+#else
+    return false;
+#endif
+  });
   m.def("cpu_isa", [] { return std::string(cpu_attention_isa()); });
 
   m.def("plan", &plan, "model"_a, nb::kw_only(), "format"_a = "fp8_ds_mla", "gpus"_a = 1, "gpu_mem_gib"_a = 80.0,
