@@ -10,6 +10,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -557,6 +558,30 @@ NB_MODULE(_core, m) {
         nb::kw_only(), "softmax_scale"_a, "causal"_a = true, "indices"_a = nb::none(), "topk_length"_a = nb::none(),
         "num_splits"_a = nb::none(), "return_lse"_a = true, "out"_a = nb::none(), "lse"_a = nb::none(),
         "workspace"_a = nb::none(), "stream"_a = 0);
+  // For bench/bench_python.py: the same CPU call repeated `iters` times inside C++ (no
+  // binding in the loop); returns the median seconds per call, the yardstick of the
+  // binding's own overhead.
+  m.def("_cpp_decode_seconds", [](const AnyArray& q, const CacheLayer& layer, const AnyArray& block_table,
+                                  const AnyArray& seqlens, float softmax_scale, AnyMutArray out, AnyMutArray lse,
+                                  int iters) {
+    MlaAttentionParams p;
+    p.q = view_of(q, "q");
+    p.cache = layer.view;
+    p.block_table = view_of(block_table, "block_table");
+    p.seqlens = view_of(seqlens, "seqlens");
+    p.softmax_scale = softmax_scale;
+    p.out = view_of(out, "out");
+    p.lse = view_of(lse, "lse");
+    ThreadPool* tp = pool();
+    std::vector<double> t;
+    for (int i = 0; i < std::max(iters, 1); ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      check(mla_attention_cpu(p, {tp}));
+      t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+  });
   m.def("merge_attn_states", &merge_states, "o_parts"_a, "lse_parts"_a, nb::kw_only(), "out"_a = nb::none(),
         "lse"_a = nb::none());
   m.def("set_num_threads", [](int n) {
