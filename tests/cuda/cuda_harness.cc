@@ -532,6 +532,8 @@ TEST_F(Cuda, WritersAreByteIdenticalToTheCpuCodecs) {
       for (Fp8ScaleMode mode : {Fp8ScaleMode::kPow2, Fp8ScaleMode::kExact}) {
         if (f != KvFormat::kFp8DsMla && mode == Fp8ScaleMode::kExact) continue;
         SCOPED_TRACE(std::string(format_name(f)) + (bf16_in ? " bf16 in" : " f32 in") + (mode == Fp8ScaleMode::kExact ? " exact" : ""));
+        std::printf("  writer: %s, %s input, %s fp8 scales, %d tokens\n", std::string(format_name(f)).c_str(),
+                    bf16_in ? "bf16" : "f32", mode == Fp8ScaleMode::kExact ? "exact" : "pow2", n);
         const float outer = format_info(f).has_outer_scale ? 0.3f : 1.0f;
         const int rb = record_bytes(f);
         // CPU expectation, slot by slot, on a cache poisoned with 0xAB.
