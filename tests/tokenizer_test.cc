@@ -455,6 +455,21 @@ TEST(TokenizerErrorsTest, UnsupportedSettingsAreNamed) {
                StatusCode::kDataLoss, "behavior");
 }
 
+// A pattern from the file that backtracks catastrophically hits PCRE2's match limit and
+// gives an error naming the pattern, not a hang.
+TEST(TokenizerErrorsTest, CatastrophicRegexIsAnError) {
+  std::string j = hand_tokenizer(kVocab, "[]");
+  const std::string from = R"("pre_tokenizer":null)";
+  j.replace(j.find(from), from.size(),
+            R"("pre_tokenizer":{"type":"Split","pattern":{"Regex":"(a+)+$"},"behavior":"Isolated","invert":false})");
+  auto t = Tokenizer::from_json(j, "bomb.json");
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  auto r = t->encode(std::string(40, 'a') + "b", false);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted) << r.status().to_string();
+  EXPECT_NE(r.status().message().find("bomb.json: pre_tokenizer.pattern"), std::string::npos) << r.status().to_string();
+}
+
 TEST(TokenizerErrorsTest, InvalidUtf8InputNamesTheOffset) {
   auto tok = Tokenizer::load(kDir + "/ds3");
   ASSERT_TRUE(tok.ok()) << tok.status().to_string();

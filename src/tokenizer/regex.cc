@@ -11,6 +11,7 @@ namespace mlakv::tok {
 
 struct Regex::Code {
   pcre2_code* code = nullptr;
+  std::string source;  // names the pattern in matching errors
   ~Code() { pcre2_code_free(code); }
 };
 
@@ -48,6 +49,7 @@ StatusOr<Regex> Regex::compile(std::string_view pattern, bool literal, std::stri
   }
   auto owned = std::make_shared<Code>();
   owned->code = code;
+  owned->source = std::string(source);
   // JIT is an optimisation only: when it is unavailable the interpreter gives the same matches.
   (void)pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);
   return Regex(std::move(owned));
@@ -65,7 +67,13 @@ Status Regex::find_all(std::string_view subject, std::vector<std::pair<std::size
   while (search_from <= n) {
     const int rc = pcre2_match(code_->code, s, n, search_from, PCRE2_NO_UTF_CHECK, m.md, nullptr);
     if (rc == PCRE2_ERROR_NOMATCH) break;
-    if (rc < 0) return internal_error(fmt::format("regex: matching failed: {}", pcre2_message(rc)));
+    if (rc == PCRE2_ERROR_MATCHLIMIT || rc == PCRE2_ERROR_DEPTHLIMIT || rc == PCRE2_ERROR_HEAPLIMIT ||
+        rc == PCRE2_ERROR_JIT_STACKLIMIT) {
+      // A pattern that backtracks catastrophically on this text (PCRE2's default limits).
+      return resource_exhausted(fmt::format("{}: regex gave up at byte {} of a {}-byte piece: {}", code_->source,
+                                            search_from, n, pcre2_message(rc)));
+    }
+    if (rc < 0) return internal_error(fmt::format("{}: regex matching failed: {}", code_->source, pcre2_message(rc)));
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(m.md);
     const std::size_t b = ov[0];
     const std::size_t e = ov[1];
