@@ -250,7 +250,11 @@ Status read_model(const Reader& r, const json& m, TokenizerImpl* t) {
   by_id.reserve(vit->size());
   t->bpe.vocab.reserve(vit->size());
   for (auto it = vit->begin(); it != vit->end(); ++it) {
-    MLAKV_ASSIGN_OR_RETURN(const int32_t id, r.id(it.value(), fmt::format("model.vocab[{}]", shown(it.key()))));
+    const json& v = it.value();
+    // The message is built only on failure: formatting 129k names would dominate loading.
+    const bool id_ok = v.is_number_unsigned() && v.get<uint64_t>() < static_cast<uint64_t>(kMaxTokenizerVocab);
+    if (!id_ok) MLAKV_RETURN_IF_ERROR(r.id(v, fmt::format("model.vocab[{}]", shown(it.key()))).status());
+    const auto id = static_cast<int32_t>(v.get<uint64_t>());
     auto [pos, inserted] = by_id.emplace(id, &it.key());
     if (!inserted) {
       return data_loss(fmt::format("{}: model.vocab gives id {} to both {} and {}", r.source, id, shown(*pos->second),
@@ -279,10 +283,11 @@ Status read_model(const Reader& r, const json& m, TokenizerImpl* t) {
   auto mit = m.find("merges");
   if (mit == m.end() || !mit->is_array()) return r.bad("model.merges", "an array");
   t->bpe.merges.reserve(mit->size());
-  auto lookup = [&](const std::string& s, std::size_t i, std::string_view pair) -> StatusOr<int32_t> {
+  auto lookup = [&](const std::string& s, std::size_t i, const std::string& a, const std::string& b) -> StatusOr<int32_t> {
     auto it = t->bpe.vocab.find(s);
     if (it == t->bpe.vocab.end()) {
-      return data_loss(fmt::format("{}: model.merges[{}] {}: {} is not in model.vocab", r.source, i, pair, shown(s)));
+      return data_loss(fmt::format("{}: model.merges[{}] {}: {} is not in model.vocab", r.source, i,
+                                   shown(a + " " + b), shown(s)));
     }
     return it->second;
   };
@@ -304,10 +309,9 @@ Status read_model(const Reader& r, const json& m, TokenizerImpl* t) {
     } else {
       return r.bad(fmt::format("model.merges[{}]", i), "a string \"a b\" or a pair [\"a\", \"b\"]");
     }
-    const std::string pair = shown(a + " " + b);
-    MLAKV_ASSIGN_OR_RETURN(const int32_t ia, lookup(a, i, pair));
-    MLAKV_ASSIGN_OR_RETURN(const int32_t ib, lookup(b, i, pair));
-    MLAKV_ASSIGN_OR_RETURN(const int32_t merged, lookup(a + b, i, pair));
+    MLAKV_ASSIGN_OR_RETURN(const int32_t ia, lookup(a, i, a, b));
+    MLAKV_ASSIGN_OR_RETURN(const int32_t ib, lookup(b, i, a, b));
+    MLAKV_ASSIGN_OR_RETURN(const int32_t merged, lookup(a + b, i, a, b));
     // A pair listed twice keeps its later rank, as the library's HashMap collect does.
     t->bpe.merges[tok::Bpe::pair_key(ia, ib)] = {static_cast<int32_t>(i), merged};
   }
