@@ -17,6 +17,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -247,6 +248,37 @@ TEST(TokenizerTest, LongRunsOfOneClass) {
       EXPECT_TRUE(*back == expect);
     }
   }
+}
+
+// One Tokenizer shared by threads (the word cache is behind a mutex): every thread gets
+// the ids a fresh single-threaded tokenizer gives.
+TEST(TokenizerTest, ConcurrentEncodeMatchesSerial) {
+  auto shared = Tokenizer::load(kDir + "/ds3");
+  ASSERT_TRUE(shared.ok()) << shared.status().to_string();
+  const json cases = json::parse(read_text(kDir + "/cases.json"));
+  std::vector<std::string> texts;
+  std::vector<std::vector<int32_t>> expect;
+  for (const json& c : cases["tokenizers"]["ds3"]["cases"]) {
+    texts.push_back(c["text"].get<std::string>());
+    expect.push_back(ids_of(c["ids"]));
+  }
+  constexpr int kThreads = 4;
+  std::vector<int> mismatches(kThreads, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      const Tokenizer local = *shared;  // copies share state and cache
+      for (int rep = 0; rep < 20; ++rep) {
+        for (std::size_t i = 0; i < texts.size(); ++i) {
+          const std::size_t k = (i * 7 + static_cast<std::size_t>(t) * 13 + static_cast<std::size_t>(rep)) % texts.size();
+          auto ids = local.encode(texts[k]);
+          if (!ids.ok() || *ids != expect[k]) ++mismatches[t];
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < kThreads; ++t) EXPECT_EQ(mismatches[t], 0) << "thread " << t;
 }
 
 // ---- hand-made BPE: merges applied by rank ----
