@@ -2,8 +2,8 @@
 //
 // Two kinds:
 //   - byte level: vocab 256, byte b is id b, no file (Tokenizer::byte_level());
-//   - a Hugging Face `tokenizer.json` of the byte-level BPE kind that DeepSeek-V3/V3.2,
-//     Kimi K2 and GLM-4.x ship (Tokenizer::load). Encoding is id-for-id what the Python
+//   - a Hugging Face `tokenizer.json` of the byte-level BPE kind that DeepSeek-V2/V3/V3.2
+//     and GLM-4.x ship (Tokenizer::load; Kimi K2 ships a tiktoken model instead, not read). Encoding is id-for-id what the Python
 //     `tokenizers` library (0.23) gives for the same file; tests/tokenizer_test.cc
 //     checks that on tokenizers trained with it (tools/make_tokenizer_fixtures.py).
 //
