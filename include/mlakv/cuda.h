@@ -38,7 +38,16 @@ struct DeviceProperties {
 StatusOr<DeviceProperties> device_properties(int device = 0);
 
 // ---- attention ----------------------------------------------------------------------
+// Which attention kernel a plan runs. kMmaSync: the portable sm_80+ kernel
+// (src/cuda/attention.cu). kSm90: the warp-specialized Hopper kernel (src/cuda/sm90/),
+// chosen by plan_mla_attention on an sm_90 device for the four formats at L = 512,
+// R = 64. The environment variable MLAKV_CUDA_ATTENTION=sm80 forces kMmaSync,
+// =sm90 requires kSm90 (planning fails where it cannot run), unset or auto picks.
+enum class AttentionKernel : uint8_t { kMmaSync = 0, kSm90 = 1 };
+const char* attention_kernel_name(AttentionKernel k);  // "mma_sync", "sm90"
+
 struct AttentionPlan {
+  AttentionKernel kernel = AttentionKernel::kMmaSync;
   int num_splits = 1;
   int row_blocks = 0;            // CTAs over the rows of one request (16 rows each)
   int64_t partial_rows = 0;      // rows of split partials kept in the workspace

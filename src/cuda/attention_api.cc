@@ -2,9 +2,12 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 
 #include "cuda/common.h"
 #include "cuda/kernels.h"
+#include "cuda/sm90/attention_sm90.h"
 #include "mlakv/cuda.h"
 
 namespace mlakv::cuda {
@@ -12,6 +15,7 @@ namespace {
 
 constexpr int kRows = kernels::kAttentionRows;
 constexpr float kLog2e = 1.4426950408889634f;
+static_assert(sm90::kRowsPerCta == kRows, "both kernels cover 16 query rows per CTA");
 
 std::size_t align16(std::size_t x) { return (x + 15) & ~std::size_t{15}; }
 
@@ -28,14 +32,39 @@ Status check_device_params(const MlaAttentionParams& p) {
   return Status::Ok();
 }
 
+// The kernel for these params (see AttentionKernel); a Status when MLAKV_CUDA_ATTENTION
+// asks for one that cannot run them.
+StatusOr<AttentionKernel> choose_kernel(const MlaAttentionParams& p) {
+  const char* env = std::getenv("MLAKV_CUDA_ATTENTION");
+  const bool force_old = env != nullptr && std::strcmp(env, "sm80") == 0;
+  const bool require_new = env != nullptr && std::strcmp(env, "sm90") == 0;
+  if (env != nullptr && *env != '\0' && !force_old && !require_new && std::strcmp(env, "auto") != 0) {
+    return invalid_argument(fmt::format("MLAKV_CUDA_ATTENTION='{}': expected sm80, sm90 or auto", env));
+  }
+  const bool can_new = sm90::supports(p.cache.format, p.cache.record_bytes, p.cache.data) &&
+                       sm90::available(p.cache.device.index);
+  if (require_new && !can_new) {
+    return invalid_argument(fmt::format(
+        "MLAKV_CUDA_ATTENTION=sm90: the Hopper kernel cannot run here (needs an sm_90 device, a binary built for "
+        "sm_90a, one of the four formats at L=512 R=64 and a 16-byte aligned cache; got {}, {} B records)",
+        device_name(p.cache.device), p.cache.record_bytes));
+  }
+  return (can_new && !force_old) ? AttentionKernel::kSm90 : AttentionKernel::kMmaSync;
+}
+
 }  // namespace
+
+const char* attention_kernel_name(AttentionKernel k) { return k == AttentionKernel::kSm90 ? "sm90" : "mma_sync"; }
 
 int suggest_num_splits(const MlaAttentionParams& p, int multiprocessors) {
   if (p.q.ndim != 4) return 1;
   const int64_t B = p.q.size(0), s_q = p.q.size(1), H = p.q.size(2);
   const int64_t ctas = p.sparse() ? B * s_q * ((H + kRows - 1) / kRows) : B * ((s_q * H + kRows - 1) / kRows);
   // Fill every CTA slot of the GPU once: slots = SMs x CTAs per SM for this format.
-  const int per_sm = std::max(1, kernels::attention_ctas_per_sm(p.cache.format, p.cache.record_bytes));
+  const auto kernel = choose_kernel(p);
+  const int per_sm = std::max(1, kernel.ok() && *kernel == AttentionKernel::kSm90
+                                     ? sm90::ctas_per_sm(p.cache.format)
+                                     : kernels::attention_ctas_per_sm(p.cache.format, p.cache.record_bytes));
   const int64_t slots = static_cast<int64_t>(std::max(1, multiprocessors)) * per_sm;
   return static_cast<int>(std::clamp<int64_t>(slots / std::max<int64_t>(ctas, 1), 1, 64));
 }
@@ -47,7 +76,10 @@ StatusOr<AttentionPlan> plan_mla_attention(const MlaAttentionParams& p) {
   plan.num_splits = p.num_splits;
   plan.row_blocks = static_cast<int>(p.sparse() ? (H + kRows - 1) / kRows : (s_q * H + kRows - 1) / kRows);
   plan.partial_rows = B * s_q * H;
-  MLAKV_RETURN_IF_ERROR(cuda_status(kernels::configure_attention(p.cache.format, p.cache.record_bytes),
+  MLAKV_ASSIGN_OR_RETURN(plan.kernel, choose_kernel(p));
+  MLAKV_RETURN_IF_ERROR(cuda_status(plan.kernel == AttentionKernel::kSm90
+                                        ? sm90::configure(p.cache.format)
+                                        : kernels::configure_attention(p.cache.format, p.cache.record_bytes),
                                     "cudaFuncSetAttribute(max dynamic shared memory)"));
   if (plan.num_splits > 1) {
     plan.workspace_bytes = align16(sizeof(float) * static_cast<std::size_t>(plan.num_splits * plan.partial_rows) * kLatentDim) +
@@ -114,6 +146,12 @@ Status run_mla_attention(const MlaAttentionParams& p, const AttentionPlan& plan,
     kp.part_o = static_cast<float*>(workspace);
     kp.part_lse = reinterpret_cast<float*>(static_cast<uint8_t*>(workspace) +
                                            align16(sizeof(float) * static_cast<std::size_t>(plan.num_splits * plan.partial_rows) * kLatentDim));
+  }
+  if (plan.kernel == AttentionKernel::kSm90) {
+    if (!sm90::supports(p.cache.format, p.cache.record_bytes, p.cache.data) || !sm90::available(p.cache.device.index)) {
+      return invalid_argument("plan is for the sm90 kernel, which cannot run these params on this device");
+    }
+    return cuda_status(sm90::launch(p.cache.format, kp, plan.row_blocks, stream), "mla_attention sm90 kernels");
   }
   return cuda_status(kernels::launch_attention(p.cache.format, kp, plan.row_blocks, stream), "mla_attention kernels");
 }

@@ -1,0 +1,746 @@
+// MLA attention on Hopper (sm_90a), warp-specialized. Same semantics as
+// src/cuda/attention.cu; design notes in docs/design.md ("Hopper kernels").
+//
+// One CTA = 16 query rows x one KV split of one request (dense) or one query (sparse),
+// 5 warps:
+//  - warp 4, the producer, walks the block table (or the top-k list) one tile of 32
+//    tokens at a time, lane t owning token t: it issues one cp.async.bulk per valid
+//    record straight from the cache into a ring of shared-memory stages (completion
+//    counted in bytes on the stage's `full` mbarrier), zero-fills invalid tokens and
+//    publishes the tile's validity mask. Consumers never touch the block table.
+//  - warps 0..3, the consumers, read the raw records and dequantize them straight into
+//    mma.sync m16n8k16 B fragments in registers (no dequantized copy anywhere):
+//      bf16      ldmatrix / ldmatrix.trans (rows padded to 1168 B, conflict-free);
+//      fp8       cvt.rn.f16x2.e4m3x2 (exact); the 128-dim tile scale multiplies the
+//                partial scores of that tile and, for P V, the weights P (warp w owns
+//                tile w of the output columns);
+//      e2m1      two nibbles -> one f16x2 by shift/mask (exact, scaled by 2^-14), one
+//                mul.f16x2 by the group scale * 2^7 (exact); the outer scale s_l and
+//                the 2^7 are folded into q and into the output.
+//    Warp w owns latent dims of 128 (its fp8 tile) and rope dims [16w, 16w+16) for the
+//    scores, and output columns [128w, 128w+128): the four partial score tiles meet in
+//    shared memory once per tile (one named barrier), every warp then runs the same
+//    online softmax on the summed scores, so no other exchange is needed.
+// q is rounded once per CTA: bf16 for the bf16 format; f16 for the quantized latent
+// (and the e4m3 rope) after a per-row power-of-two prescale that keeps it in f16's
+// range (folded back into the softmax scale); bf16 rope stays bf16.
+// Split-KV partials go to the workspace and a combine kernel merges them (attn_state.h).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "cuda/mma.cuh"
+#include "cuda/sm90/attention_sm90.h"
+#include "cuda/sm90/ptx_sm90.cuh"
+#include "mlakv/attn_state.h"
+#include "mlakv/numerics.h"
+
+namespace mlakv::cuda::sm90 {
+namespace {
+
+using kernels::AttentionParams;
+
+constexpr int kRows = kRowsPerCta;
+constexpr int kT = 32;                    // tokens per tile (= producer lanes)
+constexpr int kNT = kT / 8;               // score n-tiles per tile
+[[maybe_unused]] constexpr int kKS = kT / 16;              // P V k-steps per tile
+constexpr int kConsumerWarps = 4;
+constexpr int kConsumerThreads = 32 * kConsumerWarps;
+constexpr int kThreads = kConsumerThreads + 32;
+constexpr int kMaxStages = 8;
+constexpr int kSmemBudget = 112 * 1024;   // two CTAs per SM
+constexpr int kPartBytes = 2 * kConsumerWarps * kNT * 32 * 16;  // double-buffered partial scores
+constexpr int kMiscBytes = 2 * 8 * kMaxStages + 4 * kMaxStages + 4 * kRows + 4 * kRows;
+constexpr int kFixedBytes = kPartBytes + ((kMiscBytes + 127) & ~127);
+[[maybe_unused]] constexpr float kLn2 = 0.6931471805599453f;
+[[maybe_unused]] constexpr int kConsumerBarrier = 1;       // named barrier id of the four consumer warps
+
+template <KvFormat F>
+struct Fmt;
+template <>
+struct Fmt<KvFormat::kBf16> {
+  static constexpr int kRecord = layout::bf16::kRecordBytes;
+  static constexpr int kStride = kRecord + 16;  // 1168 B: 73 chunks of 16 B, odd -> conflict-free ldmatrix
+};
+template <>
+struct Fmt<KvFormat::kFp8DsMla> {
+  static constexpr int kRecord = layout::fp8_ds_mla::kRecordBytes;  // 656 = 41 chunks
+  static constexpr int kStride = kRecord;
+};
+template <>
+struct Fmt<KvFormat::kNvfp4DsMla> {
+  static constexpr int kRecord = layout::nvfp4_ds_mla::kRecordBytes;  // 432 = 27 chunks
+  static constexpr int kStride = kRecord;
+};
+template <>
+struct Fmt<KvFormat::kNvfp4DsMlaFp8Rope> {
+  static constexpr int kRecord = layout::nvfp4_ds_mla_fp8rope::kRecordBytes;  // 368 = 23 chunks
+  static constexpr int kStride = kRecord;
+};
+
+template <KvFormat F>
+constexpr int stages() {
+  const int n = (kSmemBudget - kFixedBytes) / (kT * Fmt<F>::kStride);
+  return n < kMaxStages ? n : kMaxStages;
+}
+template <KvFormat F>
+constexpr std::size_t smem_bytes() {
+  return static_cast<std::size_t>(stages<F>()) * kT * Fmt<F>::kStride + kFixedBytes;
+}
+static_assert(stages<KvFormat::kBf16>() >= 2 && stages<KvFormat::kFp8DsMla>() >= 2);
+
+[[maybe_unused]] constexpr bool is_nvfp4(KvFormat f) { return f == KvFormat::kNvfp4DsMla || f == KvFormat::kNvfp4DsMlaFp8Rope; }
+[[maybe_unused]] constexpr bool f16_latent(KvFormat f) { return f != KvFormat::kBf16; }
+[[maybe_unused]] constexpr bool f16_rope(KvFormat f) { return f == KvFormat::kNvfp4DsMlaFp8Rope; }
+
+// Head dim (0..575) that k index `kidx` of score k-step `ks` (0..7 latent, 8 rope) of
+// warp w means. The B fragments are loaded in whatever dim order is cheapest for the
+// record layout; q's A fragments follow the same order (the dot product does not care).
+template <KvFormat F>
+__device__ __forceinline__ int qdim(int w, int ks, int kidx) {
+  if constexpr (F == KvFormat::kBf16) {
+    return ks < 8 ? 128 * w + 16 * ks + kidx : kLatentDim + 16 * w + kidx;
+  } else {
+    const int e = (kidx & 1) | ((kidx >> 3) << 1), c = (kidx >> 1) & 3;  // lane c holds it as element e
+    if (ks == 8) return kLatentDim + 16 * w + 4 * c + e;
+    if constexpr (F == KvFormat::kFp8DsMla) {
+      return 128 * w + 32 * c + 4 * ks + e;
+    } else {
+      const int chunk = (w & 1) * 8 + 2 * c + (w >> 1);  // 16-B chunk of the packed latent
+      return 32 * chunk + 8 * (ks >> 1) + 2 * (ks & 1) + (e >> 1) + 4 * (e & 1);
+    }
+  }
+}
+
+// Output column of accumulator n-tile j, column n (0..7) of warp w.
+template <KvFormat F>
+__device__ __forceinline__ int ocol(int w, int j, int n) {
+  if constexpr (F == KvFormat::kBf16) return 128 * w + 8 * j + n;
+  else return 128 * w + 16 * n + j;
+}
+
+#if MLAKV_SM90_DEVICE
+// e2m1 nibbles J and J+4 of x -> f16x2 (value * 2^-14): magnitude bits to [11:9],
+// sign to bit 15 of each half.
+template <int J>
+__device__ __forceinline__ uint32_t e2m1_pair(uint32_t x) {
+  constexpr int s_mag = 9 - 4 * J, s_sign = 12 - 4 * J;
+  const uint32_t mag = s_mag >= 0 ? (x << s_mag) : (x >> -s_mag);
+  return (mag & 0x0E000E00u) | ((x << s_sign) & 0x80008000u);
+}
+
+__device__ __forceinline__ uint4 lds128(const uint8_t* p) { return *reinterpret_cast<const uint4*>(p); }
+__device__ __forceinline__ uint2 lds64(const uint8_t* p) { return *reinterpret_cast<const uint2*>(p); }
+__device__ __forceinline__ uint32_t lds32(const uint8_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
+__device__ __forceinline__ float ldsf(const uint8_t* p) { return *reinterpret_cast<const float*>(p); }
+
+constexpr uint32_t kF16x2_128 = 0x58005800u;  // (128.0, 128.0) in f16
+
+// Scores of one n-tile (tokens 8nt .. 8nt+7) over warp w's dims, C-fragment layout.
+template <KvFormat F>
+__device__ __forceinline__ void score_ntile(const uint8_t* stage, int nt, int w, int lane, const uint32_t (&aq)[8][4],
+                                            const uint32_t (&aqr)[4], float (&s)[4]) {
+  constexpr int kS = Fmt<F>::kStride;
+  const int g = lane >> 2, c = lane & 3;
+  const uint8_t* rec = stage + (8 * nt + g) * kS;
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  if constexpr (F == KvFormat::kFp8DsMla) {
+    namespace L = layout::fp8_ds_mla;
+    const uint4 l0 = lds128(rec + 128 * w + 32 * c), l1 = lds128(rec + 128 * w + 32 * c + 16);
+    const uint32_t wv[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
+#pragma unroll
+    for (int ks = 0; ks < 8; ++ks) {
+      ptx::mma_f16_16816(acc, aq[ks], ptx::e4m3x2_to_f16x2(wv[ks]), ptx::e4m3x2_to_f16x2(wv[ks] >> 16));
+    }
+    float accr[4] = {0.f, 0.f, 0.f, 0.f};
+    const uint2 r = lds64(rec + L::kRopeOffset + 2 * (16 * w + 4 * c));
+    mlakv::cuda::ptx::mma_bf16_16816(accr, aqr, r.x, r.y);
+    const uint8_t* t0 = stage + (8 * nt + 2 * c) * kS + L::kScaleOffset + 4 * w;
+    const float sc0 = ldsf(t0), sc1 = ldsf(t0 + kS);
+    s[0] = fmaf(acc[0], sc0, accr[0]);
+    s[1] = fmaf(acc[1], sc1, accr[1]);
+    s[2] = fmaf(acc[2], sc0, accr[2]);
+    s[3] = fmaf(acc[3], sc1, accr[3]);
+  } else if constexpr (is_nvfp4(F)) {
+    namespace N = layout::nvfp4_ds_mla;
+    const int chunk = (w & 1) * 8 + 2 * c + (w >> 1);
+    const uint4 l = lds128(rec + N::kLatentOffset + 16 * chunk);
+    const uint32_t sf2 =
+        ptx::hmul2(ptx::e4m3x2_to_f16x2(*reinterpret_cast<const uint16_t*>(rec + N::kScaleOffset + 2 * chunk)), kF16x2_128);
+    const uint32_t sa = ptx::prmt(sf2, sf2, 0x1010), sb = ptx::prmt(sf2, sf2, 0x3232);
+    const uint32_t wv[4] = {l.x, l.y, l.z, l.w};
+#pragma unroll
+    for (int wd = 0; wd < 4; ++wd) {
+      const uint32_t sc = wd < 2 ? sa : sb;
+      const uint32_t p0 = ptx::hmul2(e2m1_pair<0>(wv[wd]), sc), p1 = ptx::hmul2(e2m1_pair<1>(wv[wd]), sc);
+      const uint32_t p2 = ptx::hmul2(e2m1_pair<2>(wv[wd]), sc), p3 = ptx::hmul2(e2m1_pair<3>(wv[wd]), sc);
+      ptx::mma_f16_16816(acc, aq[2 * wd], p0, p1);
+      ptx::mma_f16_16816(acc, aq[2 * wd + 1], p2, p3);
+    }
+    if constexpr (F == KvFormat::kNvfp4DsMla) {
+      const uint2 r = lds64(rec + N::kRopeOffset + 2 * (16 * w + 4 * c));
+      mlakv::cuda::ptx::mma_bf16_16816(acc, aqr, r.x, r.y);
+      s[0] = acc[0];
+      s[1] = acc[1];
+      s[2] = acc[2];
+      s[3] = acc[3];
+    } else {
+      namespace R = layout::nvfp4_ds_mla_fp8rope;
+      float accr[4] = {0.f, 0.f, 0.f, 0.f};
+      const uint32_t r = lds32(rec + R::kRopeOffset + 16 * w + 4 * c);
+      ptx::mma_f16_16816(accr, aqr, ptx::e4m3x2_to_f16x2(r), ptx::e4m3x2_to_f16x2(r >> 16));
+      const uint8_t* t0 = stage + (8 * nt + 2 * c) * kS + R::kRopeScaleOffset;
+      const float rs0 = ldsf(t0), rs1 = ldsf(t0 + kS);
+      s[0] = fmaf(accr[0], rs0, acc[0]);
+      s[1] = fmaf(accr[1], rs1, acc[1]);
+      s[2] = fmaf(accr[2], rs0, acc[2]);
+      s[3] = fmaf(accr[3], rs1, acc[3]);
+    }
+  }
+}
+
+// bf16: two n-tiles (16 tokens) per ldmatrix.x4, straight from the padded record rows.
+__device__ __forceinline__ void score_bf16(const uint8_t* stage, int w, int lane, const uint32_t (&aq)[8][4],
+                                           const uint32_t (&aqr)[4], float (&s)[kNT][4]) {
+  constexpr int kSE = Fmt<KvFormat::kBf16>::kStride / 2;  // row stride in bf16 elements
+  const uint16_t* kt = reinterpret_cast<const uint16_t*>(stage);
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+#pragma unroll
+  for (int ks = 0; ks < 9; ++ks) {
+    const int d0 = ks < 8 ? 128 * w + 16 * ks : kLatentDim + 16 * w;
+#pragma unroll
+    for (int np = 0; np < kNT / 2; ++np) {
+      uint32_t kb[4];
+      const int tok = 16 * np + (lane & 7) + (lane >> 4) * 8;
+      const int dim = d0 + ((lane >> 3) & 1) * 8;
+      mlakv::cuda::ptx::ldmatrix_x4(kb, mlakv::cuda::ptx::smem_addr(kt + tok * kSE + dim));
+      const uint32_t(&a)[4] = ks < 8 ? aq[ks < 8 ? ks : 0] : aqr;
+      mlakv::cuda::ptx::mma_bf16_16816(s[2 * np], a, kb[0], kb[1]);
+      mlakv::cuda::ptx::mma_bf16_16816(s[2 * np + 1], a, kb[2], kb[3]);
+    }
+  }
+}
+
+// O += P V for P V k-step kk (tokens 16kk .. 16kk+15) over warp w's 128 columns.
+template <KvFormat F>
+__device__ __forceinline__ void pv_kstep(const uint8_t* stage, int kk, int w, int lane, const uint32_t (&pa)[4],
+                                         float (&o)[16][4]) {
+  constexpr int kS = Fmt<F>::kStride;
+  const int g = lane >> 2, c = lane & 3;
+  if constexpr (F == KvFormat::kBf16) {
+    constexpr int kSE = kS / 2;
+    const uint16_t* kt = reinterpret_cast<const uint16_t*>(stage);
+#pragma unroll
+    for (int np = 0; np < 8; ++np) {
+      uint32_t vb[4];
+      const int tok = 16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8;
+      const int dim = 128 * w + 16 * np + (lane >> 4) * 8;
+      mlakv::cuda::ptx::ldmatrix_x4_trans(vb, mlakv::cuda::ptx::smem_addr(kt + tok * kSE + dim));
+      mlakv::cuda::ptx::mma_bf16_16816(o[2 * np], pa, vb[0], vb[1]);
+      mlakv::cuda::ptx::mma_bf16_16816(o[2 * np + 1], pa, vb[2], vb[3]);
+    }
+  } else {
+    const int t0 = 16 * kk + 2 * c;
+    const uint8_t* r0 = stage + t0 * kS;
+    const uint8_t* r1 = r0 + kS;
+    const uint8_t* r2 = r0 + 8 * kS;
+    const uint8_t* r3 = r2 + kS;
+    if constexpr (F == KvFormat::kFp8DsMla) {
+      const int off = 128 * w + 16 * g;
+      const uint4 A = lds128(r0 + off), B = lds128(r1 + off), C = lds128(r2 + off), D = lds128(r3 + off);
+      const uint32_t a[4] = {A.x, A.y, A.z, A.w}, b[4] = {B.x, B.y, B.z, B.w};
+      const uint32_t cc[4] = {C.x, C.y, C.z, C.w}, d[4] = {D.x, D.y, D.z, D.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const uint32_t x01 = ptx::prmt(a[i], b[i], 0x5140), x23 = ptx::prmt(a[i], b[i], 0x7362);
+        const uint32_t y01 = ptx::prmt(cc[i], d[i], 0x5140), y23 = ptx::prmt(cc[i], d[i], 0x7362);
+        ptx::mma_f16_16816(o[4 * i + 0], pa, ptx::e4m3x2_to_f16x2(x01), ptx::e4m3x2_to_f16x2(y01));
+        ptx::mma_f16_16816(o[4 * i + 1], pa, ptx::e4m3x2_to_f16x2(x01 >> 16), ptx::e4m3x2_to_f16x2(y01 >> 16));
+        ptx::mma_f16_16816(o[4 * i + 2], pa, ptx::e4m3x2_to_f16x2(x23), ptx::e4m3x2_to_f16x2(y23));
+        ptx::mma_f16_16816(o[4 * i + 3], pa, ptx::e4m3x2_to_f16x2(x23 >> 16), ptx::e4m3x2_to_f16x2(y23 >> 16));
+      }
+    } else {
+      namespace N = layout::nvfp4_ds_mla;
+      const int off = N::kLatentOffset + 64 * w + 8 * g;
+      const int soff = N::kScaleOffset + 8 * w + g;
+      const uint2 A = lds64(r0 + off), B = lds64(r1 + off), C = lds64(r2 + off), D = lds64(r3 + off);
+      const uint32_t s01 = ptx::hmul2(ptx::e4m3x2_to_f16x2(static_cast<uint32_t>(r0[soff]) | (static_cast<uint32_t>(r1[soff]) << 8)), kF16x2_128);
+      const uint32_t s23 = ptx::hmul2(ptx::e4m3x2_to_f16x2(static_cast<uint32_t>(r2[soff]) | (static_cast<uint32_t>(r3[soff]) << 8)), kF16x2_128);
+      const uint32_t a[2] = {A.x, A.y}, b[2] = {B.x, B.y}, cc[2] = {C.x, C.y}, d[2] = {D.x, D.y};
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const uint32_t sel = half == 0 ? 0x5410 : 0x7632;
+          const uint32_t y = ptx::prmt(a[u], b[u], sel), z = ptx::prmt(cc[u], d[u], sel);
+          float(&o0)[4] = o[8 * u + 4 * half + 0];
+          float(&o1)[4] = o[8 * u + 4 * half + 1];
+          float(&o2)[4] = o[8 * u + 4 * half + 2];
+          float(&o3)[4] = o[8 * u + 4 * half + 3];
+          ptx::mma_f16_16816(o0, pa, ptx::hmul2(e2m1_pair<0>(y), s01), ptx::hmul2(e2m1_pair<0>(z), s23));
+          ptx::mma_f16_16816(o1, pa, ptx::hmul2(e2m1_pair<1>(y), s01), ptx::hmul2(e2m1_pair<1>(z), s23));
+          ptx::mma_f16_16816(o2, pa, ptx::hmul2(e2m1_pair<2>(y), s01), ptx::hmul2(e2m1_pair<2>(z), s23));
+          ptx::mma_f16_16816(o3, pa, ptx::hmul2(e2m1_pair<3>(y), s01), ptx::hmul2(e2m1_pair<3>(z), s23));
+        }
+      }
+    }
+  }
+}
+#endif  // MLAKV_SM90_DEVICE
+
+// Token lookup (as in the portable kernel): raw block id / index, then the slot or -1.
+[[maybe_unused]] __device__ __forceinline__ int64_t token_slot(const AttentionParams& p, int b, int i, int64_t pos, int64_t end) {
+  if (pos >= end) return -1;
+  if (p.sparse) {
+    const int32_t raw = p.indices[b * p.ix_s0 + i * p.ix_s1 + pos * p.ix_s2];
+    return (raw >= 0 && raw < p.num_slots) ? raw : -1;
+  }
+  if (pos / p.block_size >= p.bt_cols) return -1;
+  const int32_t raw = p.block_table[b * p.bt_s0 + (pos / p.block_size) * p.bt_s1];
+  if (raw < 0 || raw >= p.num_blocks) return -1;
+  return static_cast<int64_t>(raw) * p.block_size + pos % p.block_size;
+}
+
+template <KvFormat F>
+__global__ void __launch_bounds__(kThreads, 2) attention_sm90_kernel(const __grid_constant__ AttentionParams p) {
+#if MLAKV_SM90_DEVICE
+  constexpr int S = stages<F>();
+  constexpr int kS = Fmt<F>::kStride;
+  constexpr int kRec = Fmt<F>::kRecord;
+  extern __shared__ __align__(128) uint8_t smem[];
+  uint8_t* ring = smem;
+  float4* s_part = reinterpret_cast<float4*>(smem + static_cast<std::size_t>(S) * kT * kS);
+  uint8_t* misc = reinterpret_cast<uint8_t*>(s_part) + kPartBytes;
+  uint64_t* full = reinterpret_cast<uint64_t*>(misc);
+  uint64_t* empty = full + kMaxStages;
+  uint32_t* vmask = reinterpret_cast<uint32_t*>(empty + kMaxStages);
+  int32_t* row_vis = reinterpret_cast<int32_t*>(vmask + kMaxStages);
+  int32_t* row_e = row_vis + kRows;
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int row_block = blockIdx.x, split = blockIdx.z;
+  int b, i_fixed = 0;
+  if (p.sparse) {
+    b = blockIdx.y / p.s_q;
+    i_fixed = blockIdx.y % p.s_q;
+  } else {
+    b = blockIdx.y;
+  }
+  const int rows_req = p.sparse ? p.H : p.s_q * p.H;
+  const int row0 = row_block * kRows;
+  auto row_query = [&](int r) { return p.sparse ? i_fixed : (row0 + r) / p.H; };
+  auto row_head = [&](int r) { return p.sparse ? row0 + r : (row0 + r) % p.H; };
+
+  // ---- token range of this split (tile-aligned chunks) ----
+  const int32_t seqlen =
+      p.sparse ? 0 : static_cast<int32_t>(std::clamp<int64_t>(p.seqlens[b * p.sl_s0], 0, p.bt_cols * p.block_size));
+  int64_t n_max;
+  if (p.sparse) {
+    n_max = p.topk;
+    if (p.topk_length != nullptr) n_max = std::clamp<int64_t>(p.topk_length[b * p.tl_s0], 0, n_max);
+  } else {
+    const int last_row = std::min(row0 + kRows, rows_req) - 1;
+    const int i_last = last_row / p.H;
+    n_max = p.causal ? std::min<int64_t>(seqlen, std::max<int64_t>(0, seqlen - p.s_q + i_last + 1)) : seqlen;
+  }
+  const int64_t per_split = (n_max + p.num_splits - 1) / p.num_splits;
+  const int64_t chunk = (per_split + kT - 1) / kT * kT;
+  const int64_t begin = std::min<int64_t>(n_max, split * chunk), end = std::min<int64_t>(n_max, begin + chunk);
+  const int n_tiles = static_cast<int>((end - begin + kT - 1) / kT);
+
+  if (tid == 0) {
+    for (int s = 0; s < S; ++s) {
+      ptx::mbar_init(mlakv::cuda::ptx::smem_addr(&full[s]), 32);
+      ptx::mbar_init(mlakv::cuda::ptx::smem_addr(&empty[s]), kConsumerWarps);
+    }
+    ptx::mbar_init_fence();
+  }
+  if (tid < kRows) {
+    int32_t vis = 0;
+    if (row0 + tid < rows_req) {
+      if (p.sparse) {
+        vis = 0x7FFFFFFF;
+      } else {
+        const int i = row_query(tid);
+        vis = p.causal ? std::max(0, std::min(seqlen, seqlen - p.s_q + i + 1)) : seqlen;
+      }
+    }
+    row_vis[tid] = vis;
+  }
+  __syncthreads();
+
+  if (warp == kConsumerWarps) {
+    // ================= producer =================
+    int64_t slot = token_slot(p, b, i_fixed, begin + lane, end);
+    for (int tile = 0; tile < n_tiles; ++tile) {
+      const int st = tile % S;
+      // Next tile's lookup first: its latency hides behind this tile's wait and copy.
+      const int64_t next = tile + 1 < n_tiles ? token_slot(p, b, i_fixed, begin + (tile + 1) * kT + lane, end) : -1;
+      if (tile >= S) ptx::mbar_wait(mlakv::cuda::ptx::smem_addr(&empty[st]), ((tile / S) - 1) & 1);
+      const bool valid = slot >= 0;
+      const uint32_t mask = __ballot_sync(0xFFFFFFFFu, valid);
+      uint8_t* dst = ring + (st * kT + lane) * kS;
+      const uint32_t bar = mlakv::cuda::ptx::smem_addr(&full[st]);
+      if (!valid) {
+        const uint4 z = make_uint4(0, 0, 0, 0);
+#pragma unroll 4
+        for (int k = 0; k < kRec / 16; ++k) reinterpret_cast<uint4*>(dst)[k] = z;
+        ptx::fence_proxy_async();  // the copy engine writes these bytes later
+      }
+      if (lane == 0) {
+        vmask[st] = mask;
+        ptx::mbar_expect_tx(bar, static_cast<uint32_t>(__popc(mask)) * kRec);
+      }
+      __syncwarp();
+      if (valid) ptx::bulk_g2s(mlakv::cuda::ptx::smem_addr(dst), p.cache + slot * kRec, kRec, bar);
+      ptx::mbar_arrive(bar);
+      slot = next;
+    }
+    return;
+  }
+
+  // ================= consumers =================
+  const int w = warp, g = lane >> 2, c = lane & 3;
+  // Element offset of q row r (-1: a row past the request, read as zeros).
+  auto q_row = [&](int r) -> int64_t {
+    if (row0 + r >= rows_req) return -1;
+    return b * p.q_s0 + static_cast<int64_t>(row_query(r)) * p.q_s1 + static_cast<int64_t>(row_head(r)) * p.q_s2;
+  };
+  auto q_at = [&](int64_t row_off, int d) -> float {
+    if (row_off < 0) return 0.0f;
+    return p.q_bf16 ? bf16_to_f32(static_cast<const uint16_t*>(p.q)[row_off + d])
+                    : static_cast<const float*>(p.q)[row_off + d];
+  };
+  // Latent q multiplier before rounding: s_l * 2^7 for e2m1 (the K fragments carry
+  // e2m1 * sf * 2^-7), 1 otherwise.
+  const float lat_base = is_nvfp4(F) ? p.outer_scale * 128.0f : 1.0f;
+  // ---- per-row power-of-two prescale so that f16 q cannot overflow ----
+  if constexpr (f16_latent(F)) {
+    const int r = tid >> 3, sub = tid & 7;
+    const int64_t off = q_row(r);
+    float amax = 0.0f;
+    for (int d = sub; d < kQkDim; d += 8) amax = fmaxf(amax, fabsf(q_at(off, d) * (d < kLatentDim ? lat_base : 1.0f)));
+    amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 2));
+    amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 4));
+    if (sub == 0) {
+      int e = 0;
+      if (amax > 0.0f && amax <= 3.4e38f) {
+        int ex;
+        (void)frexpf(amax, &ex);  // amax < 2^ex
+        e = std::clamp(15 - ex, -100, 100);
+      }
+      row_e[r] = e;
+    }
+  } else {
+    if (tid < kRows) row_e[tid] = 0;
+  }
+  ptx::named_barrier(kConsumerBarrier, kConsumerThreads);
+  const int e_row[2] = {row_e[g], row_e[g + 8]};
+  float row_scale[2];
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) row_scale[rr] = ldexpf(p.scale_log2, -e_row[rr]);
+
+  // ---- q A fragments: 8 latent k-steps + 1 rope k-step ----
+  uint32_t aq[8][4], aqr[4];
+  {
+    float mlat[2], mrope[2];
+    const int64_t qoff[2] = {q_row(g), q_row(g + 8)};
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      mlat[rr] = ldexpf(lat_base, e_row[rr]);
+      mrope[rr] = ldexpf(1.0f, e_row[rr]);
+    }
+#pragma unroll
+    for (int ks = 0; ks < 9; ++ks) {
+      uint32_t fr[4];
+#pragma unroll
+      for (int reg = 0; reg < 4; ++reg) {
+        const int rr = reg & 1;               // a0 a2: row g; a1 a3: row g + 8
+        const int k0 = 2 * c + (reg >> 1) * 8;  // a0 a1: k 2c, 2c+1; a2 a3: k 2c+8, 2c+9
+        const int d0 = qdim<F>(w, ks, k0), d1 = qdim<F>(w, ks, k0 + 1);
+        const bool lat = ks < 8;
+        const float m = lat ? mlat[rr] : mrope[rr];
+        const float v0 = q_at(qoff[rr], d0) * m, v1 = q_at(qoff[rr], d1) * m;
+        const bool f16 = lat ? f16_latent(F) : f16_rope(F);
+        fr[reg] = f16 ? ptx::pack_f16x2(v0, v1) : mlakv::cuda::ptx::pack_bf16x2(v0, v1);
+      }
+#pragma unroll
+      for (int reg = 0; reg < 4; ++reg) {
+        if (ks < 8) aq[ks < 8 ? ks : 0][reg] = fr[reg];
+        else aqr[reg] = fr[reg];
+      }
+    }
+  }
+
+  float o[16][4];
+#pragma unroll
+  for (int j = 0; j < 16; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};  // l: this thread's columns only
+  float sig = 1.0f;  // fp8: the tile scale the accumulator is expressed in
+  const int vis[2] = {row_vis[g], row_vis[g + 8]};
+
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    const int st = tile % S;
+    const uint8_t* stage = ring + st * kT * kS;
+    ptx::mbar_wait(mlakv::cuda::ptx::smem_addr(&full[st]), (tile / S) & 1);
+    const uint32_t mask = vmask[st];
+    const int64_t tb = begin + static_cast<int64_t>(tile) * kT;
+
+    // ---- partial scores over this warp's dims ----
+    float s[kNT][4];
+    if constexpr (F == KvFormat::kBf16) {
+      score_bf16(stage, w, lane, aq, aqr, s);
+    } else {
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) score_ntile<F>(stage, nt, w, lane, aq, aqr, s[nt]);
+    }
+    float4* mine = s_part + ((tile & 1) * kConsumerWarps + w) * kNT * 32;
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) mine[nt * 32 + lane] = make_float4(s[nt][0], s[nt][1], s[nt][2], s[nt][3]);
+    ptx::named_barrier(kConsumerBarrier, kConsumerThreads);
+    const float4* all = s_part + (tile & 1) * kConsumerWarps * kNT * 32;
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) {
+      float4 acc = all[nt * 32 + lane];
+#pragma unroll
+      for (int ww = 1; ww < kConsumerWarps; ++ww) {
+        const float4 v = all[(ww * kNT + nt) * 32 + lane];
+        acc.x += v.x;
+        acc.y += v.y;
+        acc.z += v.z;
+        acc.w += v.w;
+      }
+      s[nt][0] = acc.x;
+      s[nt][1] = acc.y;
+      s[nt][2] = acc.z;
+      s[nt][3] = acc.w;
+    }
+
+    // ---- online softmax (log2 domain), identical in every consumer warp ----
+    float alpha[2];
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int t = 8 * nt + 2 * c + j;
+          const bool ok = ((mask >> t) & 1u) && tb + t < vis[rr];
+          const float x = ok ? s[nt][2 * rr + j] * row_scale[rr] : -INFINITY;
+          s[nt][2 * rr + j] = x;
+          mx = fmaxf(mx, x);
+        }
+      }
+      mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 2));
+      const float m_new = fmaxf(m_run[rr], mx);
+      alpha[rr] = m_run[rr] == -INFINITY ? 0.0f : exp2f(m_run[rr] - m_new);
+      float sum = 0.0f;
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const float pv = m_new == -INFINITY ? 0.0f : exp2f(s[nt][2 * rr + j] - m_new);
+          s[nt][2 * rr + j] = pv;
+          sum += pv;
+        }
+      }
+      l_run[rr] = l_run[rr] * alpha[rr] + sum;
+      m_run[rr] = m_new;
+    }
+
+    // ---- fp8: fold this warp's tile scale into P ----
+    float f_o[2] = {alpha[0], alpha[1]};
+    if constexpr (F == KvFormat::kFp8DsMla) {
+      float ts[kNT][2];
+      float smax = 0.0f;
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          ts[nt][j] = ldsf(stage + (8 * nt + 2 * c + j) * kS + layout::fp8_ds_mla::kScaleOffset + 4 * w);
+          smax = fmaxf(smax, ts[nt][j]);
+        }
+      }
+      smax = fmaxf(smax, __shfl_xor_sync(0xFFFFFFFFu, smax, 1));
+      smax = fmaxf(smax, __shfl_xor_sync(0xFFFFFFFFu, smax, 2));
+      const float inv = smax > 0.0f ? 1.0f / smax : 0.0f;
+      const float sig_new = smax > 0.0f ? smax : sig;
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr) f_o[rr] = alpha[rr] == 0.0f ? 0.0f : alpha[rr] * (sig / sig_new);
+      sig = sig_new;
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) s[nt][i] *= ts[nt][i & 1] * inv;
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      o[j][0] *= f_o[0];
+      o[j][1] *= f_o[0];
+      o[j][2] *= f_o[1];
+      o[j][3] *= f_o[1];
+    }
+
+    // ---- O += P V ----
+#pragma unroll
+    for (int kk = 0; kk < kKS; ++kk) {
+      uint32_t pa[4];
+      if constexpr (F == KvFormat::kBf16) {
+        pa[0] = mlakv::cuda::ptx::pack_bf16x2(s[2 * kk][0], s[2 * kk][1]);
+        pa[1] = mlakv::cuda::ptx::pack_bf16x2(s[2 * kk][2], s[2 * kk][3]);
+        pa[2] = mlakv::cuda::ptx::pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+        pa[3] = mlakv::cuda::ptx::pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      } else {
+        pa[0] = ptx::pack_f16x2(s[2 * kk][0], s[2 * kk][1]);
+        pa[1] = ptx::pack_f16x2(s[2 * kk][2], s[2 * kk][3]);
+        pa[2] = ptx::pack_f16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+        pa[3] = ptx::pack_f16x2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      }
+      pv_kstep<F>(stage, kk, w, lane, pa, o);
+    }
+    __syncwarp();
+    if (lane == 0) ptx::mbar_arrive(mlakv::cuda::ptx::smem_addr(&empty[st]));
+  }
+
+  // ---- finalize ----
+  float post = 1.0f;
+  if constexpr (F == KvFormat::kFp8DsMla) post = sig;
+  if constexpr (is_nvfp4(F)) post = p.outer_scale * 128.0f;
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    float l = l_run[rr];
+    l += __shfl_xor_sync(0xFFFFFFFFu, l, 1);
+    l += __shfl_xor_sync(0xFFFFFFFFu, l, 2);
+    const int r = g + 8 * rr;
+    if (row0 + r >= rows_req) continue;
+    const int i = row_query(r), h = row_head(r);
+    const bool is_empty = l == 0.0f;
+    const float scale = is_empty ? 0.0f : post / l;
+    const float lse = is_empty ? -INFINITY : (m_run[rr] + log2f(l)) * kLn2;
+    float* dst;
+    if (p.num_splits == 1) {
+      dst = p.out + b * p.o_s0 + static_cast<int64_t>(i) * p.o_s1 + static_cast<int64_t>(h) * p.o_s2;
+      if (c == 0 && w == 0) p.lse[b * p.l_s0 + static_cast<int64_t>(i) * p.l_s1 + static_cast<int64_t>(h) * p.l_s2] = lse;
+    } else {
+      const int64_t grow = (static_cast<int64_t>(b) * p.s_q + i) * p.H + h;
+      dst = p.part_o + (static_cast<int64_t>(split) * p.rows_total + grow) * kLatentDim;
+      if (c == 0 && w == 0) p.part_lse[static_cast<int64_t>(split) * p.rows_total + grow] = lse;
+    }
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      if constexpr (F == KvFormat::kBf16) {
+        *reinterpret_cast<float2*>(dst + ocol<F>(w, j, 2 * c)) =
+            make_float2(o[j][2 * rr] * scale, o[j][2 * rr + 1] * scale);
+      } else {
+        dst[ocol<F>(w, j, 2 * c)] = o[j][2 * rr] * scale;
+        dst[ocol<F>(w, j, 2 * c + 1)] = o[j][2 * rr + 1] * scale;
+      }
+    }
+  }
+#endif  // MLAKV_SM90_DEVICE
+}
+
+// One CTA per output row; thread t merges columns [4t, 4t+4) over the splits.
+__global__ void __launch_bounds__(128) combine_kernel(AttentionParams p) {
+  const int64_t row = blockIdx.x;
+  const int h = static_cast<int>(row % p.H), i = static_cast<int>((row / p.H) % p.s_q);
+  const int64_t b = row / (static_cast<int64_t>(p.H) * p.s_q);
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  AttnState st;
+  for (int k = 0; k < p.num_splits; ++k) {
+    const float4 v = reinterpret_cast<const float4*>(p.part_o + (k * p.rows_total + row) * kLatentDim)[threadIdx.x];
+    const float part[4] = {v.x, v.y, v.z, v.w};
+    st.merge(acc, part, p.part_lse[k * p.rows_total + row], 4);
+  }
+  float* dst = p.out + b * p.o_s0 + i * p.o_s1 + h * p.o_s2;
+  reinterpret_cast<float4*>(dst)[threadIdx.x] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+  if (threadIdx.x == 0) p.lse[b * p.l_s0 + i * p.l_s1 + h * p.l_s2] = st.lse;
+}
+
+template <KvFormat F>
+int configure_format() {
+  return static_cast<int>(cudaFuncSetAttribute(attention_sm90_kernel<F>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(smem_bytes<F>())));
+}
+
+template <KvFormat F>
+int occupancy_format() {
+  if (configure_format<F>() != 0) return 0;
+  int n = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attention_sm90_kernel<F>, kThreads, smem_bytes<F>()) !=
+      cudaSuccess) {
+    return 0;
+  }
+  return n;
+}
+
+template <KvFormat F>
+cudaError_t launch_format(const AttentionParams& kp, dim3 grid, cudaStream_t s) {
+  attention_sm90_kernel<F><<<grid, kThreads, smem_bytes<F>(), s>>>(kp);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+bool available(int device) {
+  static int cached[64];  // 0 unknown, 1 yes, 2 no
+  if (device < 0 || device >= 64) return false;
+  if (cached[device] == 0) {
+    int major = 0;
+    cudaFuncAttributes attr{};
+    const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+                    major == 9 && cudaFuncGetAttributes(&attr, attention_sm90_kernel<KvFormat::kBf16>) == cudaSuccess &&
+                    attr.binaryVersion == 90;
+    if (!ok) (void)cudaGetLastError();
+    cached[device] = ok ? 1 : 2;
+  }
+  return cached[device] == 1;
+}
+
+bool supports(KvFormat format, int record_bytes_, const void* cache) {
+  return record_bytes_ == record_bytes(format) && (reinterpret_cast<uintptr_t>(cache) & 15u) == 0;
+}
+
+int configure(KvFormat format) {
+  switch (format) {
+    case KvFormat::kBf16: return configure_format<KvFormat::kBf16>();
+    case KvFormat::kFp8DsMla: return configure_format<KvFormat::kFp8DsMla>();
+    case KvFormat::kNvfp4DsMla: return configure_format<KvFormat::kNvfp4DsMla>();
+    case KvFormat::kNvfp4DsMlaFp8Rope: return configure_format<KvFormat::kNvfp4DsMlaFp8Rope>();
+  }
+  return static_cast<int>(cudaErrorInvalidValue);
+}
+
+int ctas_per_sm(KvFormat format) {
+  switch (format) {
+    case KvFormat::kBf16: return occupancy_format<KvFormat::kBf16>();
+    case KvFormat::kFp8DsMla: return occupancy_format<KvFormat::kFp8DsMla>();
+    case KvFormat::kNvfp4DsMla: return occupancy_format<KvFormat::kNvfp4DsMla>();
+    case KvFormat::kNvfp4DsMlaFp8Rope: return occupancy_format<KvFormat::kNvfp4DsMlaFp8Rope>();
+  }
+  return 0;
+}
+
+int launch(KvFormat format, const AttentionParams& kp, int row_blocks, void* stream_ptr) {
+  const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(kp.sparse ? kp.B * kp.s_q : kp.B),
+                  static_cast<unsigned>(kp.num_splits));
+  cudaStream_t s = static_cast<cudaStream_t>(stream_ptr);
+  cudaError_t e = cudaErrorInvalidValue;
+  switch (format) {
+    case KvFormat::kBf16: e = launch_format<KvFormat::kBf16>(kp, grid, s); break;
+    case KvFormat::kFp8DsMla: e = launch_format<KvFormat::kFp8DsMla>(kp, grid, s); break;
+    case KvFormat::kNvfp4DsMla: e = launch_format<KvFormat::kNvfp4DsMla>(kp, grid, s); break;
+    case KvFormat::kNvfp4DsMlaFp8Rope: e = launch_format<KvFormat::kNvfp4DsMlaFp8Rope>(kp, grid, s); break;
+  }
+  if (e != cudaSuccess || kp.num_splits == 1) return static_cast<int>(e);
+  combine_kernel<<<static_cast<unsigned>(kp.B * kp.s_q * kp.H), 128, 0, s>>>(kp);
+  return static_cast<int>(cudaGetLastError());
+}
+
+}  // namespace mlakv::cuda::sm90
