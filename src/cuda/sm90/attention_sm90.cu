@@ -151,11 +151,11 @@ __device__ __forceinline__ void score_ntile(const uint8_t* stage, int nt, int w,
     const uint32_t wv[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
 #pragma unroll
     for (int ks = 0; ks < 8; ++ks) {
-      ptx::mma_f16_16816(acc, aq[ks], ptx::e4m3x2_to_f16x2(wv[ks]), ptx::e4m3x2_to_f16x2(wv[ks] >> 16));
+      ptx::mma_f16_16816(acc, aq[ks], ptx::e4m3x2_to_f16x2(wv[ks]), ptx::e4m3x2_hi_to_f16x2(wv[ks]));
     }
     float accr[4] = {0.f, 0.f, 0.f, 0.f};
     const uint2 r = lds64(rec + L::kRopeOffset + 2 * (16 * w + 4 * c));
-    mlakv::cuda::ptx::mma_bf16_16816(accr, aqr, r.x, r.y);
+    ptx::mma_bf16_16816(accr, aqr, r.x, r.y);
     const uint8_t* t0 = stage + (8 * nt + 2 * c) * kS + L::kScaleOffset + 4 * w;
     const float sc0 = ldsf(t0), sc1 = ldsf(t0 + kS);
     s[0] = fmaf(acc[0], sc0, accr[0]);
@@ -180,7 +180,7 @@ __device__ __forceinline__ void score_ntile(const uint8_t* stage, int nt, int w,
     }
     if constexpr (F == KvFormat::kNvfp4DsMla) {
       const uint2 r = lds64(rec + N::kRopeOffset + 2 * (16 * w + 4 * c));
-      mlakv::cuda::ptx::mma_bf16_16816(acc, aqr, r.x, r.y);
+      ptx::mma_bf16_16816(acc, aqr, r.x, r.y);
       s[0] = acc[0];
       s[1] = acc[1];
       s[2] = acc[2];
@@ -189,7 +189,7 @@ __device__ __forceinline__ void score_ntile(const uint8_t* stage, int nt, int w,
       namespace R = layout::nvfp4_ds_mla_fp8rope;
       float accr[4] = {0.f, 0.f, 0.f, 0.f};
       const uint32_t r = lds32(rec + R::kRopeOffset + 16 * w + 4 * c);
-      ptx::mma_f16_16816(accr, aqr, ptx::e4m3x2_to_f16x2(r), ptx::e4m3x2_to_f16x2(r >> 16));
+      ptx::mma_f16_16816(accr, aqr, ptx::e4m3x2_to_f16x2(r), ptx::e4m3x2_hi_to_f16x2(r));
       const uint8_t* t0 = stage + (8 * nt + 2 * c) * kS + R::kRopeScaleOffset;
       const float rs0 = ldsf(t0), rs1 = ldsf(t0 + kS);
       s[0] = fmaf(accr[0], rs0, acc[0]);
@@ -217,8 +217,8 @@ __device__ __forceinline__ void score_bf16(const uint8_t* stage, int w, int lane
       const int dim = d0 + ((lane >> 3) & 1) * 8;
       mlakv::cuda::ptx::ldmatrix_x4(kb, mlakv::cuda::ptx::smem_addr(kt + tok * kSE + dim));
       const uint32_t(&a)[4] = ks < 8 ? aq[ks < 8 ? ks : 0] : aqr;
-      mlakv::cuda::ptx::mma_bf16_16816(s[2 * np], a, kb[0], kb[1]);
-      mlakv::cuda::ptx::mma_bf16_16816(s[2 * np + 1], a, kb[2], kb[3]);
+      ptx::mma_bf16_16816(s[2 * np], a, kb[0], kb[1]);
+      ptx::mma_bf16_16816(s[2 * np + 1], a, kb[2], kb[3]);
     }
   }
 }
@@ -238,8 +238,8 @@ __device__ __forceinline__ void pv_kstep(const uint8_t* stage, int kk, int w, in
       const int tok = 16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8;
       const int dim = 128 * w + 16 * np + (lane >> 4) * 8;
       mlakv::cuda::ptx::ldmatrix_x4_trans(vb, mlakv::cuda::ptx::smem_addr(kt + tok * kSE + dim));
-      mlakv::cuda::ptx::mma_bf16_16816(o[2 * np], pa, vb[0], vb[1]);
-      mlakv::cuda::ptx::mma_bf16_16816(o[2 * np + 1], pa, vb[2], vb[3]);
+      ptx::mma_bf16_16816(o[2 * np], pa, vb[0], vb[1]);
+      ptx::mma_bf16_16816(o[2 * np + 1], pa, vb[2], vb[3]);
     }
   } else {
     const int t0 = 16 * kk + 2 * c;
@@ -257,9 +257,9 @@ __device__ __forceinline__ void pv_kstep(const uint8_t* stage, int kk, int w, in
         const uint32_t x01 = ptx::prmt(a[i], b[i], 0x5140), x23 = ptx::prmt(a[i], b[i], 0x7362);
         const uint32_t y01 = ptx::prmt(cc[i], d[i], 0x5140), y23 = ptx::prmt(cc[i], d[i], 0x7362);
         ptx::mma_f16_16816(o[4 * i + 0], pa, ptx::e4m3x2_to_f16x2(x01), ptx::e4m3x2_to_f16x2(y01));
-        ptx::mma_f16_16816(o[4 * i + 1], pa, ptx::e4m3x2_to_f16x2(x01 >> 16), ptx::e4m3x2_to_f16x2(y01 >> 16));
+        ptx::mma_f16_16816(o[4 * i + 1], pa, ptx::e4m3x2_hi_to_f16x2(x01), ptx::e4m3x2_hi_to_f16x2(y01));
         ptx::mma_f16_16816(o[4 * i + 2], pa, ptx::e4m3x2_to_f16x2(x23), ptx::e4m3x2_to_f16x2(y23));
-        ptx::mma_f16_16816(o[4 * i + 3], pa, ptx::e4m3x2_to_f16x2(x23 >> 16), ptx::e4m3x2_to_f16x2(y23 >> 16));
+        ptx::mma_f16_16816(o[4 * i + 3], pa, ptx::e4m3x2_hi_to_f16x2(x23), ptx::e4m3x2_hi_to_f16x2(y23));
       }
     } else {
       namespace N = layout::nvfp4_ds_mla;
@@ -479,18 +479,19 @@ __global__ void __launch_bounds__(kThreads, 2) attention_sm90_kernel(const __gri
 #pragma unroll
   for (int j = 0; j < 16; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};  // l: this thread's columns only
-  float sig = 1.0f;  // fp8: the tile scale the accumulator is expressed in
+  float sig = 0.0f;  // fp8: O is kept in units of sig, the largest tile scale seen so far
   const int vis[2] = {row_vis[g], row_vis[g + 8]};
 
-  for (int tile = 0; tile < n_tiles; ++tile) {
+  // Software-pipelined by one tile: the scores of tile n+1 are issued before P V of
+  // tile n, so the two MMA streams (and their operand loads) overlap.
+  float s[kNT][4];     // scores, then P, of the tile whose softmax ran last
+  uint32_t pa[kKS][4];  // P of that tile as A fragments
+
+  // Scores of `tile` over this warp's dims, published to the other consumer warps.
+  auto scores = [&](int tile) {
     const int st = tile % S;
     const uint8_t* stage = ring + st * kT * kS;
     ptx::mbar_wait(mlakv::cuda::ptx::smem_addr(&full[st]), (tile / S) & 1);
-    const uint32_t mask = vmask[st];
-    const int64_t tb = begin + static_cast<int64_t>(tile) * kT;
-
-    // ---- partial scores over this warp's dims ----
-    float s[kNT][4];
     if constexpr (F == KvFormat::kBf16) {
       score_bf16(stage, w, lane, aq, aqr, s);
     } else {
@@ -500,6 +501,15 @@ __global__ void __launch_bounds__(kThreads, 2) attention_sm90_kernel(const __gri
     float4* mine = s_part + ((tile & 1) * kConsumerWarps + w) * kNT * 32;
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt) mine[nt * 32 + lane] = make_float4(s[nt][0], s[nt][1], s[nt][2], s[nt][3]);
+  };
+
+  // Sums the partial scores of `tile`, runs the online softmax (log2 domain; identical
+  // in every consumer warp), rescales O and leaves P in pa.
+  auto softmax = [&](int tile) {
+    const int st = tile % S;
+    const uint8_t* stage = ring + st * kT * kS;
+    const uint32_t mask = vmask[st];
+    const int64_t tb = begin + static_cast<int64_t>(tile) * kT;
     ptx::named_barrier(kConsumerBarrier, kConsumerThreads);
     const float4* all = s_part + (tile & 1) * kConsumerWarps * kNT * 32;
 #pragma unroll
@@ -518,8 +528,6 @@ __global__ void __launch_bounds__(kThreads, 2) attention_sm90_kernel(const __gri
       s[nt][2] = acc.z;
       s[nt][3] = acc.w;
     }
-
-    // ---- online softmax (log2 domain), identical in every consumer warp ----
     float alpha[2];
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
@@ -552,10 +560,10 @@ __global__ void __launch_bounds__(kThreads, 2) attention_sm90_kernel(const __gri
       l_run[rr] = l_run[rr] * alpha[rr] + sum;
       m_run[rr] = m_new;
     }
-
-    // ---- fp8: fold this warp's tile scale into P ----
     float f_o[2] = {alpha[0], alpha[1]};
     if constexpr (F == KvFormat::kFp8DsMla) {
+      // This warp's tile scale goes into P relative to sig, the largest scale seen so
+      // far (so P * s / sig <= 1 in f16); O is rescaled only when sig grows.
       float ts[kNT][2];
       float smax = 0.0f;
 #pragma unroll
@@ -568,44 +576,64 @@ __global__ void __launch_bounds__(kThreads, 2) attention_sm90_kernel(const __gri
       }
       smax = fmaxf(smax, __shfl_xor_sync(0xFFFFFFFFu, smax, 1));
       smax = fmaxf(smax, __shfl_xor_sync(0xFFFFFFFFu, smax, 2));
-      const float inv = smax > 0.0f ? 1.0f / smax : 0.0f;
-      const float sig_new = smax > 0.0f ? smax : sig;
+      if (smax > sig) {
+        const float ratio = sig / smax;  // sig starts at 0: the first tile has alpha = 0 anyway
 #pragma unroll
-      for (int rr = 0; rr < 2; ++rr) f_o[rr] = alpha[rr] == 0.0f ? 0.0f : alpha[rr] * (sig / sig_new);
-      sig = sig_new;
+        for (int rr = 0; rr < 2; ++rr) f_o[rr] = alpha[rr] * ratio;
+        sig = smax;
+      }
+      const float inv = sig > 0.0f ? 1.0f / sig : 0.0f;
 #pragma unroll
       for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) s[nt][i] *= ts[nt][i & 1] * inv;
       }
     }
+    // Most tiles leave the running max (and sig) alone: skip the 64 multiplies then.
+    if (__any_sync(0xFFFFFFFFu, f_o[0] != 1.0f || f_o[1] != 1.0f)) {
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      o[j][0] *= f_o[0];
-      o[j][1] *= f_o[0];
-      o[j][2] *= f_o[1];
-      o[j][3] *= f_o[1];
+      for (int j = 0; j < 16; ++j) {
+        o[j][0] *= f_o[0];
+        o[j][1] *= f_o[0];
+        o[j][2] *= f_o[1];
+        o[j][3] *= f_o[1];
+      }
     }
-
-    // ---- O += P V ----
 #pragma unroll
     for (int kk = 0; kk < kKS; ++kk) {
-      uint32_t pa[4];
       if constexpr (F == KvFormat::kBf16) {
-        pa[0] = mlakv::cuda::ptx::pack_bf16x2(s[2 * kk][0], s[2 * kk][1]);
-        pa[1] = mlakv::cuda::ptx::pack_bf16x2(s[2 * kk][2], s[2 * kk][3]);
-        pa[2] = mlakv::cuda::ptx::pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-        pa[3] = mlakv::cuda::ptx::pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+        pa[kk][0] = mlakv::cuda::ptx::pack_bf16x2(s[2 * kk][0], s[2 * kk][1]);
+        pa[kk][1] = mlakv::cuda::ptx::pack_bf16x2(s[2 * kk][2], s[2 * kk][3]);
+        pa[kk][2] = mlakv::cuda::ptx::pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+        pa[kk][3] = mlakv::cuda::ptx::pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
       } else {
-        pa[0] = ptx::pack_f16x2(s[2 * kk][0], s[2 * kk][1]);
-        pa[1] = ptx::pack_f16x2(s[2 * kk][2], s[2 * kk][3]);
-        pa[2] = ptx::pack_f16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-        pa[3] = ptx::pack_f16x2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+        pa[kk][0] = ptx::pack_f16x2(s[2 * kk][0], s[2 * kk][1]);
+        pa[kk][1] = ptx::pack_f16x2(s[2 * kk][2], s[2 * kk][3]);
+        pa[kk][2] = ptx::pack_f16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+        pa[kk][3] = ptx::pack_f16x2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
       }
-      pv_kstep<F>(stage, kk, w, lane, pa, o);
     }
+  };
+
+  // O += P V of `tile`, then its stage goes back to the producer.
+  auto pv = [&](int tile) {
+    const int st = tile % S;
+    const uint8_t* stage = ring + st * kT * kS;
+#pragma unroll
+    for (int kk = 0; kk < kKS; ++kk) pv_kstep<F>(stage, kk, w, lane, pa[kk], o);
     __syncwarp();
     if (lane == 0) ptx::mbar_arrive(mlakv::cuda::ptx::smem_addr(&empty[st]));
+  };
+
+  if (n_tiles > 0) {
+    scores(0);
+    softmax(0);
+  }
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    const bool more = tile + 1 < n_tiles;
+    if (more) scores(tile + 1);
+    pv(tile);
+    if (more) softmax(tile + 1);
   }
 
   // ---- finalize ----
