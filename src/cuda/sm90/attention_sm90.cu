@@ -29,6 +29,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "cuda/mma.cuh"
 #include "cuda/sm90/attention_sm90.h"
@@ -149,10 +150,14 @@ __device__ __forceinline__ void score_ntile(const uint8_t* stage, int nt, int w,
     namespace L = layout::fp8_ds_mla;
     const uint4 l0 = lds128(rec + 128 * w + 32 * c), l1 = lds128(rec + 128 * w + 32 * c + 16);
     const uint32_t wv[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
+    float acc2[4] = {0.f, 0.f, 0.f, 0.f};  // odd k-steps: two chains of 4 instead of one of 8
 #pragma unroll
-    for (int ks = 0; ks < 8; ++ks) {
+    for (int ks = 0; ks < 8; ks += 2) {
       ptx::mma_f16_16816(acc, aq[ks], ptx::e4m3x2_to_f16x2(wv[ks]), ptx::e4m3x2_hi_to_f16x2(wv[ks]));
+      ptx::mma_f16_16816(acc2, aq[ks + 1], ptx::e4m3x2_to_f16x2(wv[ks + 1]), ptx::e4m3x2_hi_to_f16x2(wv[ks + 1]));
     }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[i] += acc2[i];
     float accr[4] = {0.f, 0.f, 0.f, 0.f};
     const uint2 r = lds64(rec + L::kRopeOffset + 2 * (16 * w + 4 * c));
     ptx::mma_bf16_16816(accr, aqr, r.x, r.y);
@@ -170,14 +175,17 @@ __device__ __forceinline__ void score_ntile(const uint8_t* stage, int nt, int w,
         ptx::hmul2(ptx::e4m3x2_to_f16x2(*reinterpret_cast<const uint16_t*>(rec + N::kScaleOffset + 2 * chunk)), kF16x2_128);
     const uint32_t sa = ptx::prmt(sf2, sf2, 0x1010), sb = ptx::prmt(sf2, sf2, 0x3232);
     const uint32_t wv[4] = {l.x, l.y, l.z, l.w};
+    float acc2[4] = {0.f, 0.f, 0.f, 0.f};  // odd k-steps: two chains of 4 instead of one of 8
 #pragma unroll
     for (int wd = 0; wd < 4; ++wd) {
       const uint32_t sc = wd < 2 ? sa : sb;
       const uint32_t p0 = ptx::hmul2(e2m1_pair<0>(wv[wd]), sc), p1 = ptx::hmul2(e2m1_pair<1>(wv[wd]), sc);
       const uint32_t p2 = ptx::hmul2(e2m1_pair<2>(wv[wd]), sc), p3 = ptx::hmul2(e2m1_pair<3>(wv[wd]), sc);
       ptx::mma_f16_16816(acc, aq[2 * wd], p0, p1);
-      ptx::mma_f16_16816(acc, aq[2 * wd + 1], p2, p3);
+      ptx::mma_f16_16816(acc2, aq[2 * wd + 1], p2, p3);
     }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[i] += acc2[i];
     if constexpr (F == KvFormat::kNvfp4DsMla) {
       const uint2 r = lds64(rec + N::kRopeOffset + 2 * (16 * w + 4 * c));
       ptx::mma_bf16_16816(acc, aqr, r.x, r.y);
@@ -403,51 +411,61 @@ __global__ void __launch_bounds__(kThreads, 2) attention_sm90_kernel(const __gri
 
   // ================= consumers =================
   const int w = warp, g = lane >> 2, c = lane & 3;
-  // Element offset of q row r (-1: a row past the request, read as zeros).
+  // Element offset of q row r; a row past the request reads row 0 and is zeroed by a
+  // select (no branch, so the unrolled loads below all issue before the first use).
   auto q_row = [&](int r) -> int64_t {
-    if (row0 + r >= rows_req) return -1;
-    return b * p.q_s0 + static_cast<int64_t>(row_query(r)) * p.q_s1 + static_cast<int64_t>(row_head(r)) * p.q_s2;
-  };
-  auto q_at = [&](int64_t row_off, int d) -> float {
-    if (row_off < 0) return 0.0f;
-    return p.q_bf16 ? bf16_to_f32(static_cast<const uint16_t*>(p.q)[row_off + d])
-                    : static_cast<const float*>(p.q)[row_off + d];
+    const int rc = row0 + r < rows_req ? r : 0;
+    return b * p.q_s0 + static_cast<int64_t>(row_query(rc)) * p.q_s1 + static_cast<int64_t>(row_head(rc)) * p.q_s2;
   };
   // Latent q multiplier before rounding: s_l * 2^7 for e2m1 (the K fragments carry
   // e2m1 * sf * 2^-7), 1 otherwise.
   const float lat_base = is_nvfp4(F) ? p.outer_scale * 128.0f : 1.0f;
-  // ---- per-row power-of-two prescale so that f16 q cannot overflow ----
-  if constexpr (f16_latent(F)) {
-    const int r = tid >> 3, sub = tid & 7;
-    const int64_t off = q_row(r);
-    float amax = 0.0f;
-    for (int d = sub; d < kQkDim; d += 8) amax = fmaxf(amax, fabsf(q_at(off, d) * (d < kLatentDim ? lat_base : 1.0f)));
-    amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 1));
-    amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 2));
-    amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 4));
-    if (sub == 0) {
-      int e = 0;
-      if (amax > 0.0f && amax <= 3.4e38f) {
-        int ex;
-        (void)frexpf(amax, &ex);  // amax < 2^ex
-        e = std::clamp(15 - ex, -100, 100);
-      }
-      row_e[r] = e;
-    }
-  } else {
-    if (tid < kRows) row_e[tid] = 0;
-  }
-  ptx::named_barrier(kConsumerBarrier, kConsumerThreads);
-  const int e_row[2] = {row_e[g], row_e[g + 8]};
-  float row_scale[2];
-#pragma unroll
-  for (int rr = 0; rr < 2; ++rr) row_scale[rr] = ldexpf(p.scale_log2, -e_row[rr]);
-
-  // ---- q A fragments: 8 latent k-steps + 1 rope k-step ----
   uint32_t aq[8][4], aqr[4];
-  {
+  float row_scale[2];
+  // q prologue, instantiated for f32 and bf16 q so that no load sits behind a branch.
+  auto q_prologue = [&](auto bf16_tag) {
+    constexpr bool kQ16 = decltype(bf16_tag)::value;
+    auto q_at = [&](int64_t off, bool ok, int d) -> float {
+      float v;
+      if constexpr (kQ16) v = bf16_to_f32(static_cast<const uint16_t*>(p.q)[off + d]);
+      else v = static_cast<const float*>(p.q)[off + d];
+      return ok ? v : 0.0f;
+    };
+    // ---- per-row power-of-two prescale so that f16 q cannot overflow ----
+    if constexpr (f16_latent(F)) {
+      const int r = tid >> 3, sub = tid & 7;
+      const int64_t off = q_row(r);
+      const bool ok = row0 + r < rows_req;
+      float amax = 0.0f;
+#pragma unroll
+      for (int k = 0; k < kQkDim / 8; ++k) {  // constant trip count: fully unrolled, loads in flight together
+        const int d = sub + 8 * k;
+        amax = fmaxf(amax, fabsf(q_at(off, ok, d) * (d < kLatentDim ? lat_base : 1.0f)));
+      }
+      amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 1));
+      amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 2));
+      amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 4));
+      if (sub == 0) {
+        int e = 0;
+        if (amax > 0.0f && amax <= 3.4e38f) {
+          int ex;
+          (void)frexpf(amax, &ex);  // amax < 2^ex
+          e = std::clamp(15 - ex, -100, 100);
+        }
+        row_e[r] = e;
+      }
+    } else {
+      if (tid < kRows) row_e[tid] = 0;
+    }
+    ptx::named_barrier(kConsumerBarrier, kConsumerThreads);
+    const int e_row[2] = {row_e[g], row_e[g + 8]};
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) row_scale[rr] = ldexpf(p.scale_log2, -e_row[rr]);
+
+    // ---- q A fragments: 8 latent k-steps + 1 rope k-step ----
     float mlat[2], mrope[2];
     const int64_t qoff[2] = {q_row(g), q_row(g + 8)};
+    const bool qok[2] = {row0 + g < rows_req, row0 + g + 8 < rows_req};
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
       mlat[rr] = ldexpf(lat_base, e_row[rr]);
@@ -458,12 +476,12 @@ __global__ void __launch_bounds__(kThreads, 2) attention_sm90_kernel(const __gri
       uint32_t fr[4];
 #pragma unroll
       for (int reg = 0; reg < 4; ++reg) {
-        const int rr = reg & 1;               // a0 a2: row g; a1 a3: row g + 8
+        const int rr = reg & 1;                 // a0 a2: row g; a1 a3: row g + 8
         const int k0 = 2 * c + (reg >> 1) * 8;  // a0 a1: k 2c, 2c+1; a2 a3: k 2c+8, 2c+9
         const int d0 = qdim<F>(w, ks, k0), d1 = qdim<F>(w, ks, k0 + 1);
         const bool lat = ks < 8;
         const float m = lat ? mlat[rr] : mrope[rr];
-        const float v0 = q_at(qoff[rr], d0) * m, v1 = q_at(qoff[rr], d1) * m;
+        const float v0 = q_at(qoff[rr], qok[rr], d0) * m, v1 = q_at(qoff[rr], qok[rr], d1) * m;
         const bool f16 = lat ? f16_latent(F) : f16_rope(F);
         fr[reg] = f16 ? ptx::pack_f16x2(v0, v1) : mlakv::cuda::ptx::pack_bf16x2(v0, v1);
       }
@@ -473,6 +491,11 @@ __global__ void __launch_bounds__(kThreads, 2) attention_sm90_kernel(const __gri
         else aqr[reg] = fr[reg];
       }
     }
+  };
+  if (p.q_bf16) {
+    q_prologue(std::true_type{});
+  } else {
+    q_prologue(std::false_type{});
   }
 
   float o[16][4];
@@ -625,15 +648,25 @@ __global__ void __launch_bounds__(kThreads, 2) attention_sm90_kernel(const __gri
     if (lane == 0) ptx::mbar_arrive(mlakv::cuda::ptx::smem_addr(&empty[st]));
   };
 
-  if (n_tiles > 0) {
-    scores(0);
-    softmax(0);
-  }
-  for (int tile = 0; tile < n_tiles; ++tile) {
-    const bool more = tile + 1 < n_tiles;
-    if (more) scores(tile + 1);
-    pv(tile);
-    if (more) softmax(tile + 1);
+  if constexpr (S >= 3) {
+    // Two stages held at a time (n for P V, n+1 for its scores): needs a third stage so
+    // that the producer stays a tile ahead.
+    if (n_tiles > 0) {
+      scores(0);
+      softmax(0);
+    }
+    for (int tile = 0; tile < n_tiles; ++tile) {
+      const bool more = tile + 1 < n_tiles;
+      if (more) scores(tile + 1);
+      pv(tile);
+      if (more) softmax(tile + 1);
+    }
+  } else {
+    for (int tile = 0; tile < n_tiles; ++tile) {
+      scores(tile);
+      softmax(tile);
+      pv(tile);
+    }
   }
 
   // ---- finalize ----
