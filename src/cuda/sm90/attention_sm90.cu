@@ -48,7 +48,9 @@ constexpr int kNT = kT / 8;               // score n-tiles per tile
 [[maybe_unused]] constexpr int kKS = kT / 16;              // P V k-steps per tile
 constexpr int kConsumerWarps = 4;
 constexpr int kConsumerThreads = 32 * kConsumerWarps;
+constexpr int kThreads = kConsumerThreads + 32;
 constexpr int kMaxStages = 8;
+constexpr int kSmemBudget = 112 * 1024;   // two CTAs per SM
 constexpr int kPartBytes = 2 * kConsumerWarps * kNT * 32 * 16;  // double-buffered partial scores
 constexpr int kMiscBytes = 2 * 8 * kMaxStages + 4 * kMaxStages + 4 * kRows + 4 * kRows;
 constexpr int kFixedBytes = kPartBytes + ((kMiscBytes + 127) & ~127);
@@ -78,37 +80,16 @@ struct Fmt<KvFormat::kNvfp4DsMlaFp8Rope> {
   static constexpr int kStride = kRecord;
 };
 
-// Two ways to feed the ring. bf16 (memory-bound, 37 KB per stage) keeps a dedicated
-// producer warp and two CTAs per SM. The quantized formats are bound by the consumers'
-// instruction latency, so they trade the producer warp for a third CTA per SM (12
-// consumer warps per SM instead of 8, the register file allows 168 per thread either
-// way): consumer warp 0 refills a stage right after the tile barrier that proves every
-// warp is done with it, so no empty barriers are needed.
-template <KvFormat F>
-constexpr bool dedicated_producer() {
-  return F == KvFormat::kBf16;
-}
-template <KvFormat F>
-constexpr int threads() {
-  return kConsumerThreads + (dedicated_producer<F>() ? 32 : 0);
-}
-template <KvFormat F>
-constexpr int ctas_per_sm_target() {
-  return dedicated_producer<F>() ? 2 : 3;
-}
 template <KvFormat F>
 constexpr int stages() {
-  // 227 KB of shared memory per SM, 1 KB of it reserved per CTA.
-  const int budget = (227 * 1024) / ctas_per_sm_target<F>() - 1024;
-  const int n = (budget - kFixedBytes) / (kT * Fmt<F>::kStride);
+  const int n = (kSmemBudget - kFixedBytes) / (kT * Fmt<F>::kStride);
   return n < kMaxStages ? n : kMaxStages;
 }
 template <KvFormat F>
 constexpr std::size_t smem_bytes() {
   return static_cast<std::size_t>(stages<F>()) * kT * Fmt<F>::kStride + kFixedBytes;
 }
-static_assert(stages<KvFormat::kBf16>() >= 2 && stages<KvFormat::kFp8DsMla>() >= 2 &&
-              stages<KvFormat::kNvfp4DsMla>() >= 3 && stages<KvFormat::kNvfp4DsMlaFp8Rope>() >= 3);
+static_assert(stages<KvFormat::kBf16>() >= 2 && stages<KvFormat::kFp8DsMla>() >= 2);
 
 [[maybe_unused]] constexpr bool is_nvfp4(KvFormat f) { return f == KvFormat::kNvfp4DsMla || f == KvFormat::kNvfp4DsMlaFp8Rope; }
 [[maybe_unused]] constexpr bool f16_latent(KvFormat f) { return f != KvFormat::kBf16; }
@@ -331,8 +312,7 @@ __device__ __forceinline__ void pv_kstep(const uint8_t* stage, int kk, int w, in
 }
 
 template <KvFormat F>
-__global__ void __launch_bounds__(threads<F>(), ctas_per_sm_target<F>())
-    attention_sm90_kernel(const __grid_constant__ AttentionParams p) {
+__global__ void __launch_bounds__(kThreads, 2) attention_sm90_kernel(const __grid_constant__ AttentionParams p) {
 #if MLAKV_SM90_DEVICE
   constexpr int S = stages<F>();
   constexpr int kS = Fmt<F>::kStride;
@@ -399,85 +379,49 @@ __global__ void __launch_bounds__(threads<F>(), ctas_per_sm_target<F>())
   }
   __syncthreads();
 
-  // Loads tile `tile` (lane t: token t, whose slot the caller looked up) into its stage:
-  // one bulk copy per valid record, zeros for the others, the validity mask beside it.
-  auto issue_tile = [&](int tile, int64_t slot) {
-    const int st = tile % S;
-    const bool valid = slot >= 0;
-    const uint32_t mask = __ballot_sync(0xFFFFFFFFu, valid);
-    uint8_t* dst = ring + (st * kT + lane) * kS;
-    const uint32_t bar = mlakv::cuda::ptx::smem_addr(&full[st]);
-    if (!valid) {
-      const uint4 z = make_uint4(0, 0, 0, 0);
+  if (warp == kConsumerWarps) {
+    // ================= producer =================
+    int64_t slot = token_slot(p, b, i_fixed, begin + lane, end);
+    for (int tile = 0; tile < n_tiles; ++tile) {
+      const int st = tile % S;
+      // Next tile's lookup first: its latency hides behind this tile's wait and copy.
+      const int64_t next = tile + 1 < n_tiles ? token_slot(p, b, i_fixed, begin + (tile + 1) * kT + lane, end) : -1;
+      if (tile >= S) ptx::mbar_wait(mlakv::cuda::ptx::smem_addr(&empty[st]), ((tile / S) - 1) & 1);
+      const bool valid = slot >= 0;
+      const uint32_t mask = __ballot_sync(0xFFFFFFFFu, valid);
+      uint8_t* dst = ring + (st * kT + lane) * kS;
+      const uint32_t bar = mlakv::cuda::ptx::smem_addr(&full[st]);
+      if (!valid) {
+        const uint4 z = make_uint4(0, 0, 0, 0);
 #pragma unroll 4
-      for (int k = 0; k < kRec / 16; ++k) reinterpret_cast<uint4*>(dst)[k] = z;
-    }
-    ptx::fence_proxy_async();  // generic accesses of this stage before the copy engine's writes
-    if (lane == 0) {
-      vmask[st] = mask;
-      ptx::mbar_expect_tx(bar, static_cast<uint32_t>(__popc(mask)) * kRec);
-    }
-    __syncwarp();
-    if constexpr (kS == kRec) {
-      // Unpadded stages: a run of tokens in consecutive slots (a block's records) is
-      // one bulk copy, issued by the run's first lane. Small copies are what bounds
-      // the copy engine (one copy per record capped it near 3e9 records/s here).
-      const int64_t prev = __shfl_up_sync(0xFFFFFFFFu, slot, 1);
-      const bool cont = valid && lane > 0 && prev >= 0 && slot == prev + 1;
-      const uint32_t cont_mask = __ballot_sync(0xFFFFFFFFu, cont);
-      if (valid && !cont) {
-        const uint64_t after = static_cast<uint64_t>(cont_mask) >> (lane + 1);  // run continues while set
-        const int len = 1 + (__ffsll(static_cast<long long>(~after)) - 1);
-        ptx::bulk_g2s(mlakv::cuda::ptx::smem_addr(dst), p.cache + slot * kRec, static_cast<uint32_t>(len * kRec), bar);
+        for (int k = 0; k < kRec / 16; ++k) reinterpret_cast<uint4*>(dst)[k] = z;
+        ptx::fence_proxy_async();  // the copy engine writes these bytes later
       }
-    } else {
-      if (valid) ptx::bulk_g2s(mlakv::cuda::ptx::smem_addr(dst), p.cache + slot * kRec, kRec, bar);
-    }
-    ptx::mbar_arrive(bar);
-  };
-  auto tile_slot = [&](int tile) -> int64_t {
-    return tile < n_tiles ? token_slot(p, b, i_fixed, begin + static_cast<int64_t>(tile) * kT + lane, end) : -1;
-  };
-
-  if constexpr (dedicated_producer<F>()) {
-    if (warp == kConsumerWarps) {
-      // ================= producer warp =================
-      int64_t slot = tile_slot(0);
-      for (int tile = 0; tile < n_tiles; ++tile) {
-        // Next tile's lookup first: its latency hides behind this tile's wait and copy.
-        const int64_t next = tile_slot(tile + 1);
-        if (tile >= S) ptx::mbar_wait(mlakv::cuda::ptx::smem_addr(&empty[tile % S]), ((tile / S) - 1) & 1);
-        issue_tile(tile, slot);
-        slot = next;
+      if (lane == 0) {
+        vmask[st] = mask;
+        ptx::mbar_expect_tx(bar, static_cast<uint32_t>(__popc(mask)) * kRec);
       }
-      return;
+      __syncwarp();
+      if constexpr (kS == kRec) {
+        // Unpadded stages: a run of tokens in consecutive slots (a block's records) is
+        // one bulk copy, issued by the run's first lane. Small copies are what bounds
+        // the copy engine (one copy per record caps it near 3e9 records/s on the H200).
+        const int64_t prev = __shfl_up_sync(0xFFFFFFFFu, slot, 1);
+        const bool cont = valid && lane > 0 && prev >= 0 && slot == prev + 1;
+        const uint32_t cont_mask = __ballot_sync(0xFFFFFFFFu, cont);
+        if (valid && !cont) {
+          const uint64_t after = static_cast<uint64_t>(cont_mask) >> (lane + 1);  // run continues while set
+          const int len = 1 + (__ffsll(static_cast<long long>(~after)) - 1);
+          ptx::bulk_g2s(mlakv::cuda::ptx::smem_addr(dst), p.cache + slot * kRec, static_cast<uint32_t>(len * kRec), bar);
+        }
+      } else {
+        if (valid) ptx::bulk_g2s(mlakv::cuda::ptx::smem_addr(dst), p.cache + slot * kRec, kRec, bar);
+      }
+      ptx::mbar_arrive(bar);
+      slot = next;
     }
+    return;
   }
-  // Inline feeding (quantized formats): warp 0 fills every stage up front, then refills
-  // one stage after each tile barrier (refill()).
-  int next_issue = S;
-  int64_t next_slot = -1;
-  if constexpr (!dedicated_producer<F>()) {
-    if (warp == 0) {
-      int64_t slot = tile_slot(0);
-      for (int tile = 0; tile < S && tile < n_tiles; ++tile) {
-        const int64_t nxt = tile_slot(tile + 1);
-        issue_tile(tile, slot);
-        slot = nxt;
-      }
-      next_slot = slot;  // tile S's lookup
-    }
-  }
-  auto refill = [&]() {
-    if constexpr (!dedicated_producer<F>()) {
-      if (warp == 0 && next_issue < n_tiles) {
-        const int64_t nxt = tile_slot(next_issue + 1);
-        issue_tile(next_issue, next_slot);
-        next_slot = nxt;
-        ++next_issue;
-      }
-    }
-  };
 
   // ================= consumers =================
   const int w = warp, g = lane >> 2, c = lane & 3;
@@ -708,16 +652,14 @@ __global__ void __launch_bounds__(threads<F>(), ctas_per_sm_target<F>())
     }
   };
 
-  // O += P V of `tile`, then its stage goes back to the producer warp (if any).
+  // O += P V of `tile`, then its stage goes back to the producer.
   auto pv = [&](int tile) {
     const int st = tile % S;
     const uint8_t* stage = ring + st * kT * kS;
 #pragma unroll
     for (int kk = 0; kk < kKS; ++kk) pv_kstep<F>(stage, kk, w, lane, pa[kk], o);
-    if constexpr (dedicated_producer<F>()) {
-      __syncwarp();
-      if (lane == 0) ptx::mbar_arrive(mlakv::cuda::ptx::smem_addr(&empty[st]));
-    }
+    __syncwarp();
+    if (lane == 0) ptx::mbar_arrive(mlakv::cuda::ptx::smem_addr(&empty[st]));
   };
 
   if constexpr (S >= 3) {
@@ -731,16 +673,12 @@ __global__ void __launch_bounds__(threads<F>(), ctas_per_sm_target<F>())
       const bool more = tile + 1 < n_tiles;
       if (more) scores(tile + 1);
       pv(tile);
-      if (more) {
-        softmax(tile + 1);  // its barrier: every warp is done with tile's stage
-        refill();           // -> tile + S
-      }
+      if (more) softmax(tile + 1);
     }
   } else {
     for (int tile = 0; tile < n_tiles; ++tile) {
       scores(tile);
-      softmax(tile);  // its barrier: every warp is done with tile - 1's stage
-      if (tile > 0) refill();  // -> tile - 1 + S
+      softmax(tile);
       pv(tile);
     }
   }
@@ -810,7 +748,7 @@ template <KvFormat F>
 int occupancy_format() {
   if (configure_format<F>() != 0) return 0;
   int n = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attention_sm90_kernel<F>, threads<F>(), smem_bytes<F>()) !=
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attention_sm90_kernel<F>, kThreads, smem_bytes<F>()) !=
       cudaSuccess) {
     return 0;
   }
@@ -819,7 +757,7 @@ int occupancy_format() {
 
 template <KvFormat F>
 cudaError_t launch_format(const AttentionParams& kp, dim3 grid, cudaStream_t s) {
-  attention_sm90_kernel<F><<<grid, threads<F>(), smem_bytes<F>(), s>>>(kp);
+  attention_sm90_kernel<F><<<grid, kThreads, smem_bytes<F>(), s>>>(kp);
   return cudaGetLastError();
 }
 
