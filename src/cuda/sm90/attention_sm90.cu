@@ -4,10 +4,12 @@
 // One CTA = 16 query rows x one KV split of one request (dense) or one query (sparse),
 // 5 warps:
 //  - warp 4, the producer, walks the block table (or the top-k list) one tile of 32
-//    tokens at a time, lane t owning token t: it issues one cp.async.bulk per valid
-//    record straight from the cache into a ring of shared-memory stages (completion
-//    counted in bytes on the stage's `full` mbarrier), zero-fills invalid tokens and
-//    publishes the tile's validity mask. Consumers never touch the block table.
+//    tokens at a time, lane t owning token t: it issues cp.async.bulk copies straight
+//    from the cache into a ring of shared-memory stages (one per run of consecutive
+//    slots, i.e. per block, for the unpadded formats; one per record for bf16, whose
+//    rows are padded), completion counted in bytes on the stage's `full` mbarrier,
+//    zero-fills invalid tokens and publishes the tile's validity mask. Consumers hand
+//    stages back on `empty` mbarriers and never touch the block table.
 //  - warps 0..3, the consumers, read the raw records and dequantize them straight into
 //    mma.sync m16n8k16 B fragments in registers (no dequantized copy anywhere):
 //      bf16      ldmatrix / ldmatrix.trans (rows padded to 1168 B, conflict-free);
@@ -20,7 +22,8 @@
 //    Warp w owns latent dims of 128 (its fp8 tile) and rope dims [16w, 16w+16) for the
 //    scores, and output columns [128w, 128w+128): the four partial score tiles meet in
 //    shared memory once per tile (one named barrier), every warp then runs the same
-//    online softmax on the summed scores, so no other exchange is needed.
+//    online softmax on the summed scores, so no other exchange is needed. With three or
+//    more stages the scores of tile n+1 are issued before P V of tile n.
 // q is rounded once per CTA: bf16 for the bf16 format; f16 for the quantized latent
 // (and the e4m3 rope) after a per-row power-of-two prescale that keeps it in f16's
 // range (folded back into the softmax scale); bf16 rope stays bf16.
