@@ -53,10 +53,18 @@ constexpr int kConsumerWarps = 4;
 constexpr int kConsumerThreads = 32 * kConsumerWarps;
 constexpr int kThreads = kConsumerThreads + 32;
 constexpr int kMaxStages = 8;
-constexpr int kSmemBudget = 112 * 1024;   // two CTAs per SM
+constexpr int kSmemBudget = 227 * 1024 / 2 - 1024;  // two CTAs per SM (1 KB reserved each)
 constexpr int kPartBytes = 2 * kConsumerWarps * kNT * 32 * 16;  // double-buffered partial scores
 constexpr int kMiscBytes = 2 * 8 * kMaxStages + 4 * kMaxStages + 4 * kRows + 4 * kRows;
-constexpr int kFixedBytes = kPartBytes + ((kMiscBytes + 127) & ~127);
+// Quantized formats: each consumer warp dequantizes its 128-column slice of a tile
+// once into f16 rows here, read by both MMAs through ldmatrix (stride 136 halves = 17
+// chunks of 16 B, odd: conflict-free).
+constexpr int kSliceStride = 128 + 8;
+constexpr int kSliceBytes = kConsumerWarps * kT * kSliceStride * 2;
+template <KvFormat F>
+constexpr int fixed_bytes() {
+  return kPartBytes + (F == KvFormat::kBf16 ? 0 : kSliceBytes) + ((kMiscBytes + 127) & ~127);
+}
 [[maybe_unused]] constexpr float kLn2 = 0.6931471805599453f;
 [[maybe_unused]] constexpr int kConsumerBarrier = 1;       // named barrier id of the four consumer warps
 
@@ -85,12 +93,12 @@ struct Fmt<KvFormat::kNvfp4DsMlaFp8Rope> {
 
 template <KvFormat F>
 constexpr int stages() {
-  const int n = (kSmemBudget - kFixedBytes) / (kT * Fmt<F>::kStride);
+  const int n = (kSmemBudget - fixed_bytes<F>()) / (kT * Fmt<F>::kStride);
   return n < kMaxStages ? n : kMaxStages;
 }
 template <KvFormat F>
 constexpr std::size_t smem_bytes() {
-  return static_cast<std::size_t>(stages<F>()) * kT * Fmt<F>::kStride + kFixedBytes;
+  return static_cast<std::size_t>(stages<F>()) * kT * Fmt<F>::kStride + fixed_bytes<F>();
 }
 static_assert(stages<KvFormat::kBf16>() >= 2 && stages<KvFormat::kFp8DsMla>() >= 2);
 
@@ -103,26 +111,18 @@ static_assert(stages<KvFormat::kBf16>() >= 2 && stages<KvFormat::kFp8DsMla>() >=
 // record layout; q's A fragments follow the same order (the dot product does not care).
 template <KvFormat F>
 __device__ __forceinline__ int qdim(int w, int ks, int kidx) {
+  if (ks < 8) return 128 * w + 16 * ks + kidx;  // latent: ldmatrix rows, natural order
   if constexpr (F == KvFormat::kBf16) {
-    return ks < 8 ? 128 * w + 16 * ks + kidx : kLatentDim + 16 * w + kidx;
+    return kLatentDim + 16 * w + kidx;
   } else {
-    const int e = (kidx & 1) | ((kidx >> 3) << 1), c = (kidx >> 1) & 3;  // lane c holds it as element e
-    if (ks == 8) return kLatentDim + 16 * w + 4 * c + e;
-    if constexpr (F == KvFormat::kFp8DsMla) {
-      return 128 * w + 32 * c + 4 * ks + e;
-    } else {
-      const int chunk = (w & 1) * 8 + 2 * c + (w >> 1);  // 16-B chunk of the packed latent
-      return 32 * chunk + 8 * (ks >> 1) + 2 * (ks & 1) + (e >> 1) + 4 * (e & 1);
-    }
+    // rope of the quantized formats: lane c loads dims 4c .. 4c+3 of its token
+    const int e = (kidx & 1) | ((kidx >> 3) << 1), c = (kidx >> 1) & 3;
+    return kLatentDim + 16 * w + 4 * c + e;
   }
 }
 
 // Output column of accumulator n-tile j, column n (0..7) of warp w.
-template <KvFormat F>
-__device__ __forceinline__ int ocol(int w, int j, int n) {
-  if constexpr (F == KvFormat::kBf16) return 128 * w + 8 * j + n;
-  else return 128 * w + 16 * n + j;
-}
+__device__ __forceinline__ int ocol(int w, int j, int n) { return 128 * w + 8 * j + n; }
 
 #if MLAKV_SM90_DEVICE
 // e2m1 nibbles J and J+4 of x -> f16x2 (value * 2^-14): magnitude bits to [11:9],
@@ -141,72 +141,98 @@ __device__ __forceinline__ float ldsf(const uint8_t* p) { return *reinterpret_ca
 
 constexpr uint32_t kF16x2_128 = 0x58005800u;  // (128.0, 128.0) in f16
 
-// Scores of one n-tile (tokens 8nt .. 8nt+7) over warp w's dims, C-fragment layout.
+// Quantized formats: lane t dequantizes token t's 128 latent dims of warp w's slice
+// into f16 row t of `slice` (exact: e4m3 values; e2m1 * sf * 2^-7).
 template <KvFormat F>
-__device__ __forceinline__ void score_ntile(const uint8_t* stage, int nt, int w, int lane, const uint32_t (&aq)[8][4],
-                                            const uint32_t (&aqr)[4], float (&s)[4]) {
+__device__ __forceinline__ void dequant_slice(const uint8_t* stage, int w, int lane, uint16_t* slice) {
+  constexpr int kS = Fmt<F>::kStride;
+  const uint8_t* rec = stage + lane * kS;
+  uint4* row = reinterpret_cast<uint4*>(slice + lane * kSliceStride);
+  if constexpr (F == KvFormat::kFp8DsMla) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const uint4 v = lds128(rec + layout::fp8_ds_mla::kLatentOffset + 128 * w + 16 * i);
+      const uint32_t wv[4] = {v.x, v.y, v.z, v.w};
+      uint32_t h[8];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        h[2 * k] = ptx::e4m3x2_to_f16x2(wv[k]);
+        h[2 * k + 1] = ptx::e4m3x2_hi_to_f16x2(wv[k]);
+      }
+      row[2 * i] = make_uint4(h[0], h[1], h[2], h[3]);
+      row[2 * i + 1] = make_uint4(h[4], h[5], h[6], h[7]);
+    }
+  } else {
+    namespace N = layout::nvfp4_ds_mla;
+    const uint2 sfb = lds64(rec + N::kScaleOffset + 8 * w);  // groups 8w .. 8w+7
+    const uint32_t sfw[2] = {sfb.x, sfb.y};
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {  // 16 B = groups 8w+2u, 8w+2u+1
+      const uint4 v = lds128(rec + N::kLatentOffset + 64 * w + 16 * u);
+      const uint32_t wv[4] = {v.x, v.y, v.z, v.w};
+      const uint32_t sf2 = ptx::hmul2(
+          (u & 1) ? ptx::e4m3x2_hi_to_f16x2(sfw[u >> 1]) : ptx::e4m3x2_to_f16x2(sfw[u >> 1]), kF16x2_128);
+      const uint32_t sa = ptx::prmt(sf2, sf2, 0x1010), sb = ptx::prmt(sf2, sf2, 0x3232);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const uint32_t sc = k < 2 ? sa : sb;
+        const uint32_t p0 = ptx::hmul2(e2m1_pair<0>(wv[k]), sc), p1 = ptx::hmul2(e2m1_pair<1>(wv[k]), sc);
+        const uint32_t p2 = ptx::hmul2(e2m1_pair<2>(wv[k]), sc), p3 = ptx::hmul2(e2m1_pair<3>(wv[k]), sc);
+        // pairs hold dims (j, j+4): back to natural order
+        row[4 * u + k] = make_uint4(ptx::prmt(p0, p1, 0x5410), ptx::prmt(p2, p3, 0x5410), ptx::prmt(p0, p1, 0x7632),
+                                    ptx::prmt(p2, p3, 0x7632));
+      }
+    }
+  }
+}
+
+// Quantized formats: scores over warp w's slice (f16 ldmatrix) plus its 16 rope dims
+// (from the record), with the fp8 tile scale / e4m3 rope scale per token.
+template <KvFormat F>
+__device__ __forceinline__ void score_slice(const uint8_t* stage, const uint16_t* slice, int w, int lane,
+                                            const uint32_t (&aq)[8][4], const uint32_t (&aqr)[4], float (&s)[kNT][4]) {
   constexpr int kS = Fmt<F>::kStride;
   const int g = lane >> 2, c = lane & 3;
-  const uint8_t* rec = stage + (8 * nt + g) * kS;
-  float acc[4] = {0.f, 0.f, 0.f, 0.f};
-  if constexpr (F == KvFormat::kFp8DsMla) {
-    namespace L = layout::fp8_ds_mla;
-    const uint4 l0 = lds128(rec + 128 * w + 32 * c), l1 = lds128(rec + 128 * w + 32 * c + 16);
-    const uint32_t wv[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
-    float acc2[4] = {0.f, 0.f, 0.f, 0.f};  // odd k-steps: two chains of 4 instead of one of 8
 #pragma unroll
-    for (int ks = 0; ks < 8; ks += 2) {
-      ptx::mma_f16_16816(acc, aq[ks], ptx::e4m3x2_to_f16x2(wv[ks]), ptx::e4m3x2_hi_to_f16x2(wv[ks]));
-      ptx::mma_f16_16816(acc2, aq[ks + 1], ptx::e4m3x2_to_f16x2(wv[ks + 1]), ptx::e4m3x2_hi_to_f16x2(wv[ks + 1]));
+  for (int nt = 0; nt < kNT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+#pragma unroll
+  for (int ks = 0; ks < 8; ++ks) {
+#pragma unroll
+    for (int np = 0; np < kNT / 2; ++np) {
+      uint32_t kb[4];
+      const int tok = 16 * np + (lane & 7) + (lane >> 4) * 8;
+      const int dim = 16 * ks + ((lane >> 3) & 1) * 8;
+      mlakv::cuda::ptx::ldmatrix_x4(kb, mlakv::cuda::ptx::smem_addr(slice + tok * kSliceStride + dim));
+      ptx::mma_f16_16816(s[2 * np], aq[ks], kb[0], kb[1]);
+      ptx::mma_f16_16816(s[2 * np + 1], aq[ks], kb[2], kb[3]);
     }
+  }
 #pragma unroll
-    for (int i = 0; i < 4; ++i) acc[i] += acc2[i];
+  for (int nt = 0; nt < kNT; ++nt) {
+    const uint8_t* rec = stage + (8 * nt + g) * kS;
+    const uint8_t* t0 = stage + (8 * nt + 2 * c) * kS;  // C-fragment tokens 2c, 2c+1
     float accr[4] = {0.f, 0.f, 0.f, 0.f};
-    const uint2 r = lds64(rec + L::kRopeOffset + 2 * (16 * w + 4 * c));
-    ptx::mma_bf16_16816(accr, aqr, r.x, r.y);
-    const uint8_t* t0 = stage + (8 * nt + 2 * c) * kS + L::kScaleOffset + 4 * w;
-    const float sc0 = ldsf(t0), sc1 = ldsf(t0 + kS);
-    s[0] = fmaf(acc[0], sc0, accr[0]);
-    s[1] = fmaf(acc[1], sc1, accr[1]);
-    s[2] = fmaf(acc[2], sc0, accr[2]);
-    s[3] = fmaf(acc[3], sc1, accr[3]);
-  } else if constexpr (is_nvfp4(F)) {
-    namespace N = layout::nvfp4_ds_mla;
-    const int chunk = (w & 1) * 8 + 2 * c + (w >> 1);
-    const uint4 l = lds128(rec + N::kLatentOffset + 16 * chunk);
-    const uint32_t sf2 =
-        ptx::hmul2(ptx::e4m3x2_to_f16x2(*reinterpret_cast<const uint16_t*>(rec + N::kScaleOffset + 2 * chunk)), kF16x2_128);
-    const uint32_t sa = ptx::prmt(sf2, sf2, 0x1010), sb = ptx::prmt(sf2, sf2, 0x3232);
-    const uint32_t wv[4] = {l.x, l.y, l.z, l.w};
-    float acc2[4] = {0.f, 0.f, 0.f, 0.f};  // odd k-steps: two chains of 4 instead of one of 8
-#pragma unroll
-    for (int wd = 0; wd < 4; ++wd) {
-      const uint32_t sc = wd < 2 ? sa : sb;
-      const uint32_t p0 = ptx::hmul2(e2m1_pair<0>(wv[wd]), sc), p1 = ptx::hmul2(e2m1_pair<1>(wv[wd]), sc);
-      const uint32_t p2 = ptx::hmul2(e2m1_pair<2>(wv[wd]), sc), p3 = ptx::hmul2(e2m1_pair<3>(wv[wd]), sc);
-      ptx::mma_f16_16816(acc, aq[2 * wd], p0, p1);
-      ptx::mma_f16_16816(acc2, aq[2 * wd + 1], p2, p3);
-    }
-#pragma unroll
-    for (int i = 0; i < 4; ++i) acc[i] += acc2[i];
-    if constexpr (F == KvFormat::kNvfp4DsMla) {
-      const uint2 r = lds64(rec + N::kRopeOffset + 2 * (16 * w + 4 * c));
-      ptx::mma_bf16_16816(acc, aqr, r.x, r.y);
-      s[0] = acc[0];
-      s[1] = acc[1];
-      s[2] = acc[2];
-      s[3] = acc[3];
+    if constexpr (F == KvFormat::kFp8DsMla) {
+      namespace L = layout::fp8_ds_mla;
+      const uint2 r = lds64(rec + L::kRopeOffset + 2 * (16 * w + 4 * c));
+      ptx::mma_bf16_16816(accr, aqr, r.x, r.y);
+      const float sc0 = ldsf(t0 + L::kScaleOffset + 4 * w), sc1 = ldsf(t0 + kS + L::kScaleOffset + 4 * w);
+      s[nt][0] = fmaf(s[nt][0], sc0, accr[0]);
+      s[nt][1] = fmaf(s[nt][1], sc1, accr[1]);
+      s[nt][2] = fmaf(s[nt][2], sc0, accr[2]);
+      s[nt][3] = fmaf(s[nt][3], sc1, accr[3]);
+    } else if constexpr (F == KvFormat::kNvfp4DsMla) {
+      const uint2 r = lds64(rec + layout::nvfp4_ds_mla::kRopeOffset + 2 * (16 * w + 4 * c));
+      ptx::mma_bf16_16816(s[nt], aqr, r.x, r.y);
     } else {
       namespace R = layout::nvfp4_ds_mla_fp8rope;
-      float accr[4] = {0.f, 0.f, 0.f, 0.f};
       const uint32_t r = lds32(rec + R::kRopeOffset + 16 * w + 4 * c);
       ptx::mma_f16_16816(accr, aqr, ptx::e4m3x2_to_f16x2(r), ptx::e4m3x2_hi_to_f16x2(r));
-      const uint8_t* t0 = stage + (8 * nt + 2 * c) * kS + R::kRopeScaleOffset;
-      const float rs0 = ldsf(t0), rs1 = ldsf(t0 + kS);
-      s[0] = fmaf(accr[0], rs0, acc[0]);
-      s[1] = fmaf(accr[1], rs1, acc[1]);
-      s[2] = fmaf(accr[2], rs0, acc[2]);
-      s[3] = fmaf(accr[3], rs1, acc[3]);
+      const float rs0 = ldsf(t0 + R::kRopeScaleOffset), rs1 = ldsf(t0 + kS + R::kRopeScaleOffset);
+      s[nt][0] = fmaf(accr[0], rs0, s[nt][0]);
+      s[nt][1] = fmaf(accr[1], rs1, s[nt][1]);
+      s[nt][2] = fmaf(accr[2], rs0, s[nt][2]);
+      s[nt][3] = fmaf(accr[3], rs1, s[nt][3]);
     }
   }
 }
@@ -234,68 +260,27 @@ __device__ __forceinline__ void score_bf16(const uint8_t* stage, int w, int lane
   }
 }
 
-// O += P V for P V k-step kk (tokens 16kk .. 16kk+15) over warp w's 128 columns.
+// O += P V for P V k-step kk (tokens 16kk .. 16kk+15) over warp w's 128 columns: from
+// the padded bf16 records, or from the warp's f16 slice for the quantized formats.
 template <KvFormat F>
-__device__ __forceinline__ void pv_kstep(const uint8_t* stage, int kk, int w, int lane, const uint32_t (&pa)[4],
-                                         float (&o)[16][4]) {
-  constexpr int kS = Fmt<F>::kStride;
-  const int g = lane >> 2, c = lane & 3;
-  if constexpr (F == KvFormat::kBf16) {
-    constexpr int kSE = kS / 2;
-    const uint16_t* kt = reinterpret_cast<const uint16_t*>(stage);
+__device__ __forceinline__ void pv_kstep(const uint8_t* stage, const uint16_t* slice, int kk, int w, int lane,
+                                         const uint32_t (&pa)[4], float (&o)[16][4]) {
 #pragma unroll
-    for (int np = 0; np < 8; ++np) {
-      uint32_t vb[4];
-      const int tok = 16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8;
+  for (int np = 0; np < 8; ++np) {
+    uint32_t vb[4];
+    const int tok = 16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8;
+    if constexpr (F == KvFormat::kBf16) {
+      constexpr int kSE = Fmt<F>::kStride / 2;
+      const uint16_t* kt = reinterpret_cast<const uint16_t*>(stage);
       const int dim = 128 * w + 16 * np + (lane >> 4) * 8;
       mlakv::cuda::ptx::ldmatrix_x4_trans(vb, mlakv::cuda::ptx::smem_addr(kt + tok * kSE + dim));
       ptx::mma_bf16_16816(o[2 * np], pa, vb[0], vb[1]);
       ptx::mma_bf16_16816(o[2 * np + 1], pa, vb[2], vb[3]);
-    }
-  } else {
-    const int t0 = 16 * kk + 2 * c;
-    const uint8_t* r0 = stage + t0 * kS;
-    const uint8_t* r1 = r0 + kS;
-    const uint8_t* r2 = r0 + 8 * kS;
-    const uint8_t* r3 = r2 + kS;
-    if constexpr (F == KvFormat::kFp8DsMla) {
-      const int off = 128 * w + 16 * g;
-      const uint4 A = lds128(r0 + off), B = lds128(r1 + off), C = lds128(r2 + off), D = lds128(r3 + off);
-      const uint32_t a[4] = {A.x, A.y, A.z, A.w}, b[4] = {B.x, B.y, B.z, B.w};
-      const uint32_t cc[4] = {C.x, C.y, C.z, C.w}, d[4] = {D.x, D.y, D.z, D.w};
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const uint32_t x01 = ptx::prmt(a[i], b[i], 0x5140), x23 = ptx::prmt(a[i], b[i], 0x7362);
-        const uint32_t y01 = ptx::prmt(cc[i], d[i], 0x5140), y23 = ptx::prmt(cc[i], d[i], 0x7362);
-        ptx::mma_f16_16816(o[4 * i + 0], pa, ptx::e4m3x2_to_f16x2(x01), ptx::e4m3x2_to_f16x2(y01));
-        ptx::mma_f16_16816(o[4 * i + 1], pa, ptx::e4m3x2_hi_to_f16x2(x01), ptx::e4m3x2_hi_to_f16x2(y01));
-        ptx::mma_f16_16816(o[4 * i + 2], pa, ptx::e4m3x2_to_f16x2(x23), ptx::e4m3x2_to_f16x2(y23));
-        ptx::mma_f16_16816(o[4 * i + 3], pa, ptx::e4m3x2_hi_to_f16x2(x23), ptx::e4m3x2_hi_to_f16x2(y23));
-      }
     } else {
-      namespace N = layout::nvfp4_ds_mla;
-      const int off = N::kLatentOffset + 64 * w + 8 * g;
-      const int soff = N::kScaleOffset + 8 * w + g;
-      const uint2 A = lds64(r0 + off), B = lds64(r1 + off), C = lds64(r2 + off), D = lds64(r3 + off);
-      const uint32_t s01 = ptx::hmul2(ptx::e4m3x2_to_f16x2(static_cast<uint32_t>(r0[soff]) | (static_cast<uint32_t>(r1[soff]) << 8)), kF16x2_128);
-      const uint32_t s23 = ptx::hmul2(ptx::e4m3x2_to_f16x2(static_cast<uint32_t>(r2[soff]) | (static_cast<uint32_t>(r3[soff]) << 8)), kF16x2_128);
-      const uint32_t a[2] = {A.x, A.y}, b[2] = {B.x, B.y}, cc[2] = {C.x, C.y}, d[2] = {D.x, D.y};
-#pragma unroll
-      for (int u = 0; u < 2; ++u) {
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const uint32_t sel = half == 0 ? 0x5410 : 0x7632;
-          const uint32_t y = ptx::prmt(a[u], b[u], sel), z = ptx::prmt(cc[u], d[u], sel);
-          float(&o0)[4] = o[8 * u + 4 * half + 0];
-          float(&o1)[4] = o[8 * u + 4 * half + 1];
-          float(&o2)[4] = o[8 * u + 4 * half + 2];
-          float(&o3)[4] = o[8 * u + 4 * half + 3];
-          ptx::mma_f16_16816(o0, pa, ptx::hmul2(e2m1_pair<0>(y), s01), ptx::hmul2(e2m1_pair<0>(z), s23));
-          ptx::mma_f16_16816(o1, pa, ptx::hmul2(e2m1_pair<1>(y), s01), ptx::hmul2(e2m1_pair<1>(z), s23));
-          ptx::mma_f16_16816(o2, pa, ptx::hmul2(e2m1_pair<2>(y), s01), ptx::hmul2(e2m1_pair<2>(z), s23));
-          ptx::mma_f16_16816(o3, pa, ptx::hmul2(e2m1_pair<3>(y), s01), ptx::hmul2(e2m1_pair<3>(z), s23));
-        }
-      }
+      const int dim = 16 * np + (lane >> 4) * 8;
+      mlakv::cuda::ptx::ldmatrix_x4_trans(vb, mlakv::cuda::ptx::smem_addr(slice + tok * kSliceStride + dim));
+      ptx::mma_f16_16816(o[2 * np], pa, vb[0], vb[1]);
+      ptx::mma_f16_16816(o[2 * np + 1], pa, vb[2], vb[3]);
     }
   }
 }
@@ -323,7 +308,8 @@ __global__ void __launch_bounds__(kThreads, 2) attention_sm90_kernel(const __gri
   extern __shared__ __align__(128) uint8_t smem[];
   uint8_t* ring = smem;
   float4* s_part = reinterpret_cast<float4*>(smem + static_cast<std::size_t>(S) * kT * kS);
-  uint8_t* misc = reinterpret_cast<uint8_t*>(s_part) + kPartBytes;
+  uint16_t* slices = reinterpret_cast<uint16_t*>(reinterpret_cast<uint8_t*>(s_part) + kPartBytes);
+  uint8_t* misc = reinterpret_cast<uint8_t*>(s_part) + kPartBytes + (F == KvFormat::kBf16 ? 0 : kSliceBytes);
   uint64_t* full = reinterpret_cast<uint64_t*>(misc);
   uint64_t* empty = full + kMaxStages;
   uint32_t* vmask = reinterpret_cast<uint32_t*>(empty + kMaxStages);
@@ -428,6 +414,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_sm90_kernel(const __gri
 
   // ================= consumers =================
   const int w = warp, g = lane >> 2, c = lane & 3;
+  uint16_t* slice = slices + w * kT * kSliceStride;  // quantized formats only
   // Element offset of q row r; a row past the request reads row 0 and is zeroed by a
   // select (no branch, so the unrolled loads below all issue before the first use).
   auto q_row = [&](int r) -> int64_t {
@@ -535,8 +522,10 @@ __global__ void __launch_bounds__(kThreads, 2) attention_sm90_kernel(const __gri
     if constexpr (F == KvFormat::kBf16) {
       score_bf16(stage, w, lane, aq, aqr, s);
     } else {
-#pragma unroll
-      for (int nt = 0; nt < kNT; ++nt) score_ntile<F>(stage, nt, w, lane, aq, aqr, s[nt]);
+      __syncwarp();  // the previous tile's ldmatrix reads of the slice are done
+      dequant_slice<F>(stage, w, lane, slice);
+      __syncwarp();
+      score_slice<F>(stage, slice, w, lane, aq, aqr, s);
     }
     float4* mine = s_part + ((tile & 1) * kConsumerWarps + w) * kNT * 32;
 #pragma unroll
@@ -655,17 +644,29 @@ __global__ void __launch_bounds__(kThreads, 2) attention_sm90_kernel(const __gri
     }
   };
 
-  // O += P V of `tile`, then its stage goes back to the producer.
-  auto pv = [&](int tile) {
-    const int st = tile % S;
-    const uint8_t* stage = ring + st * kT * kS;
-#pragma unroll
-    for (int kk = 0; kk < kKS; ++kk) pv_kstep<F>(stage, kk, w, lane, pa[kk], o);
+  // The stage of `tile` goes back to the producer.
+  auto release = [&](int tile) {
     __syncwarp();
-    if (lane == 0) ptx::mbar_arrive(mlakv::cuda::ptx::smem_addr(&empty[st]));
+    if (lane == 0) ptx::mbar_arrive(mlakv::cuda::ptx::smem_addr(&empty[tile % S]));
+  };
+  // O += P V of `tile` (bf16: from its stage, which is released after; quantized: from
+  // the warp's slice, the stage having been released after the softmax).
+  auto pv = [&](int tile) {
+    const uint8_t* stage = ring + (tile % S) * kT * kS;
+#pragma unroll
+    for (int kk = 0; kk < kKS; ++kk) pv_kstep<F>(stage, slice, kk, w, lane, pa[kk], o);
+    if constexpr (F == KvFormat::kBf16) release(tile);
   };
 
-  if constexpr (S >= 3) {
+  if constexpr (F != KvFormat::kBf16) {
+    // One slice per warp: scores, softmax, stage back, P V.
+    for (int tile = 0; tile < n_tiles; ++tile) {
+      scores(tile);
+      softmax(tile);
+      release(tile);
+      pv(tile);
+    }
+  } else if constexpr (S >= 3) {
     // Two stages held at a time (n for P V, n+1 for its scores): needs a third stage so
     // that the producer stays a tile ahead.
     if (n_tiles > 0) {
@@ -712,13 +713,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_sm90_kernel(const __gri
     }
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
-      if constexpr (F == KvFormat::kBf16) {
-        *reinterpret_cast<float2*>(dst + ocol<F>(w, j, 2 * c)) =
-            make_float2(o[j][2 * rr] * scale, o[j][2 * rr + 1] * scale);
-      } else {
-        dst[ocol<F>(w, j, 2 * c)] = o[j][2 * rr] * scale;
-        dst[ocol<F>(w, j, 2 * c + 1)] = o[j][2 * rr + 1] * scale;
-      }
+      *reinterpret_cast<float2*>(dst + ocol(w, j, 2 * c)) = make_float2(o[j][2 * rr] * scale, o[j][2 * rr + 1] * scale);
     }
   }
 #endif  // MLAKV_SM90_DEVICE
