@@ -122,7 +122,7 @@ __device__ __forceinline__ int qdim(int w, int ks, int kidx) {
 }
 
 // Output column of accumulator n-tile j, column n (0..7) of warp w.
-__device__ __forceinline__ int ocol(int w, int j, int n) { return 128 * w + 8 * j + n; }
+[[maybe_unused]] __device__ __forceinline__ int ocol(int w, int j, int n) { return 128 * w + 8 * j + n; }
 
 #if MLAKV_SM90_DEVICE
 // e2m1 nibbles J and J+4 of x -> f16x2 (value * 2^-14): magnitude bits to [11:9],
