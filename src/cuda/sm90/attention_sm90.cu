@@ -10,20 +10,20 @@
 //    rows are padded), completion counted in bytes on the stage's `full` mbarrier,
 //    zero-fills invalid tokens and publishes the tile's validity mask. Consumers hand
 //    stages back on `empty` mbarriers and never touch the block table.
-//  - warps 0..3, the consumers, read the raw records and dequantize them straight into
-//    mma.sync m16n8k16 B fragments in registers (no dequantized copy anywhere):
-//      bf16      ldmatrix / ldmatrix.trans (rows padded to 1168 B, conflict-free);
-//      fp8       cvt.rn.f16x2.e4m3x2 (exact); the 128-dim tile scale multiplies the
-//                partial scores of that tile and, for P V, the weights P (warp w owns
-//                tile w of the output columns);
-//      e2m1      two nibbles -> one f16x2 by shift/mask (exact, scaled by 2^-14), one
-//                mul.f16x2 by the group scale * 2^7 (exact); the outer scale s_l and
-//                the 2^7 are folded into q and into the output.
-//    Warp w owns latent dims of 128 (its fp8 tile) and rope dims [16w, 16w+16) for the
-//    scores, and output columns [128w, 128w+128): the four partial score tiles meet in
+//  - warps 0..3, the consumers. Warp w owns latent dims [128w, 128w+128) for both MMAs
+//    (scores and output columns) and feeds mma.sync m16n8k16 through ldmatrix:
+//      bf16      straight from the record rows (padded to 1168 B, conflict-free);
+//      quantized each warp dequantizes its 128-column slice of the tile once into a
+//                warp-private f16 slice (exact values, no CTA barrier), read by
+//                ldmatrix for Q K^T and ldmatrix.trans for P V;
+//      fp8       cvt.rn.f16x2.e4m3x2; the 128-dim tile scale multiplies the partial
+//                scores of that tile and, for P V, the weights P (slice w = tile w);
+//      e2m1      two nibbles -> one f16x2 by shift/mask (scaled by 2^-14), one
+//                mul.f16x2 by the group scale * 2^7; the outer scale s_l and the 2^7
+//                are folded into q and into the output.
+//    Rope dims [16w, 16w+16) come from the records; the four partial score tiles meet in
 //    shared memory once per tile (one named barrier), every warp then runs the same
-//    online softmax on the summed scores, so no other exchange is needed. With three or
-//    more stages the scores of tile n+1 are issued before P V of tile n.
+//    online softmax on the summed scores, so no other exchange is needed.
 // q is rounded once per CTA: bf16 for the bf16 format; f16 for the quantized latent
 // (and the e4m3 rope) after a per-row power-of-two prescale that keeps it in f16's
 // range (folded back into the softmax scale); bf16 rope stays bf16.
@@ -509,10 +509,8 @@ __global__ void __launch_bounds__(kThreads, 2) attention_sm90_kernel(const __gri
   float sig = 0.0f;  // fp8: O is kept in units of sig, the largest tile scale seen so far
   const int vis[2] = {row_vis[g], row_vis[g + 8]};
 
-  // Software-pipelined by one tile: the scores of tile n+1 are issued before P V of
-  // tile n, so the two MMA streams (and their operand loads) overlap.
-  float s[kNT][4];     // scores, then P, of the tile whose softmax ran last
-  uint32_t pa[kKS][4];  // P of that tile as A fragments
+  float s[kNT][4];      // scores, then P, of the current tile
+  uint32_t pa[kKS][4];  // P as A fragments
 
   // Scores of `tile` over this warp's dims, published to the other consumer warps.
   auto scores = [&](int tile) {
@@ -658,33 +656,15 @@ __global__ void __launch_bounds__(kThreads, 2) attention_sm90_kernel(const __gri
     if constexpr (F == KvFormat::kBf16) release(tile);
   };
 
-  if constexpr (F != KvFormat::kBf16) {
-    // One slice per warp: scores, softmax, stage back, P V.
-    for (int tile = 0; tile < n_tiles; ++tile) {
-      scores(tile);
-      softmax(tile);
-      release(tile);
-      pv(tile);
-    }
-  } else if constexpr (S >= 3) {
-    // Two stages held at a time (n for P V, n+1 for its scores): needs a third stage so
-    // that the producer stays a tile ahead.
-    if (n_tiles > 0) {
-      scores(0);
-      softmax(0);
-    }
-    for (int tile = 0; tile < n_tiles; ++tile) {
-      const bool more = tile + 1 < n_tiles;
-      if (more) scores(tile + 1);
-      pv(tile);
-      if (more) softmax(tile + 1);
-    }
-  } else {
-    for (int tile = 0; tile < n_tiles; ++tile) {
-      scores(tile);
-      softmax(tile);
-      pv(tile);
-    }
+  // Per tile: scores, softmax, P V. Quantized formats read P V's operands from the
+  // warp's slice, so their stage goes back before P V; bf16 reads the stage itself.
+  // (Issuing the scores of tile n+1 before P V of tile n measured +1-4% with registers
+  // dequantization and needs a second slice or a third bf16 stage: not done.)
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    scores(tile);
+    softmax(tile);
+    if constexpr (F != KvFormat::kBf16) release(tile);
+    pv(tile);
   }
 
   // ---- finalize ----
