@@ -65,6 +65,11 @@ class Trial:
     value: str
     prompt: list[int]       # haystack with the needles planted, then the recall prompt
     target_pos: int         # token index in `prompt` where the target definition starts
+    keys: list[str] = dataclasses.field(default_factory=list)      # target first
+    values: list[str] = dataclasses.field(default_factory=list)
+    positions: list[int] = dataclasses.field(default_factory=list)  # haystack insert positions
+    offset: int = 0         # haystack start in the eval tokens
+    haystack_len: int = 0
 
 
 def context_lengths(max_pos: int) -> list[int]:
@@ -107,7 +112,7 @@ def build_trial(i: int, eval_tokens, encode, max_pos: int) -> Trial:
     prompt.extend(hay[cursor:])
     prompt.extend(recall)
     assert len(prompt) + MAX_NEW_TOKENS == L
-    return Trial(i, L, depth, keys[0], values[0], prompt, target_pos)
+    return Trial(i, L, depth, keys[0], values[0], prompt, target_pos, keys, values, positions, offset, H)
 
 
 def is_found(generated_text: str, value: str) -> bool:
@@ -123,3 +128,62 @@ def is_found(generated_text: str, value: str) -> bool:
 def stops(token_text: str) -> bool:
     """Greedy decoding stops after the first generated token whose text holds a newline."""
     return "\n" in token_text
+
+
+def main():
+    """Writes the trials as a JSON fixture (what the C++ implementation is tested against)."""
+    import argparse
+    import hashlib
+    import json
+    import struct
+    from tokenizers import Tokenizer
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("--model", required=True, help="model directory (tokenizer.json, config.json)")
+    ap.add_argument("--eval-text", required=True)
+    ap.add_argument("--trials", type=int, default=100)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--reference-log", default=None, help="train_log.txt whose 'needle miss' lines mark failed trials")
+    a = ap.parse_args()
+    tok = Tokenizer.from_file(f"{a.model}/tokenizer.json")
+    max_pos = json.load(open(f"{a.model}/config.json"))["max_position_embeddings"]
+    text = open(a.eval_text, encoding="utf-8").read()
+    ids = tok.encode(text, add_special_tokens=False).ids
+
+    def enc(s):
+        return tok.encode(s, add_special_tokens=False).ids
+
+    trials = []
+    for i in range(a.trials):
+        t = build_trial(i, ids, enc, max_pos)
+        trials.append({
+            "index": i, "context_len": t.context_len, "depth": t.depth,
+            "keys": t.keys, "values": t.values, "positions": t.positions,
+            "offset": t.offset, "haystack_len": t.haystack_len, "target_pos": t.target_pos,
+            "prompt_len": len(t.prompt),
+            "prompt_sha256_int32le": hashlib.sha256(struct.pack(f"<{len(t.prompt)}i", *t.prompt)).hexdigest(),
+            "prompt_head": t.prompt[:8], "prompt_tail": t.prompt[-16:],
+        })
+    doc = {
+        "spec": "docs/needle.md", "model": a.model, "eval_text": a.eval_text,
+        "eval_text_sha256": hashlib.sha256(text.encode()).hexdigest(), "eval_tokens": len(ids),
+        "max_position_embeddings": max_pos, "splitmix64_seed0_first3": [
+            f"0x{v:016x}" for v in (lambda r: [r.next(), r.next(), r.next()])(SplitMix64(0))],
+        "trials": trials,
+    }
+    if a.reference_log:
+        # found / not found per trial as the training run's float32 transformers eval scored it
+        missed = set()
+        for line in open(a.reference_log, encoding="utf-8"):
+            if line.startswith("needle miss: trial "):
+                missed.add(int(line.split()[3]))
+        doc["reference"] = f"{a.reference_log}: transformers, float32, DynamicCache"
+        for t in trials:
+            t["found_reference"] = t["index"] not in missed
+    body = ",\n".join("  " + json.dumps(t) for t in doc.pop("trials"))
+    with open(a.out, "w") as f:
+        f.write(json.dumps(doc, indent=1)[:-2] + ',\n "trials": [\n' + body + "\n ]\n}\n")
+    json.load(open(a.out))
+
+
+if __name__ == "__main__":
+    main()
