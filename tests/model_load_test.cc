@@ -3,7 +3,9 @@
 // run, bad forward arguments), each a Status naming the problem.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -12,6 +14,7 @@
 #include <sstream>
 
 #include "mlakv/model.h"
+#include "mlakv/numerics.h"
 #include "mlakv/safetensors.h"
 
 namespace mlakv {
@@ -189,6 +192,64 @@ TEST(ModelLoad, MtpLayerSkipped) {
   for (const auto& n : (*m)->notes()) noted |= n.find("MTP") != std::string::npos;
   EXPECT_TRUE(noted);
   EXPECT_EQ((*m)->num_layers(), 2);
+}
+
+// A DeepSeek fp8-block kv_b_proj and expert (e4m3 codes + weight_scale_inv) is
+// dequantized at load to float32; the same values stored as a float32 checkpoint give
+// bit-identical logits, and the memory report counts the owned copy.
+TEST(ModelLoad, Fp8BlockWeightsDequantized) {
+  // fp8 codes from the bf16 weights: q = e4m3(w / s) with one scale per 128x128 block.
+  std::map<std::string, std::vector<float>> dequant;  // name -> q * s, exact in f32
+  const auto quantize = [&](Tensors& t, bool as_fp8) {
+    for (const char* base : {"model.layers.0.self_attn.kv_b_proj", "model.layers.1.mlp.experts.3.down_proj"}) {
+      OwnedTensor& w = t.at(std::string(base) + ".weight");
+      const int64_t N = w.shape[0], K = w.shape[1];
+      const int64_t bn = (N + 127) / 128, bk = (K + 127) / 128;
+      std::vector<float> vals(static_cast<std::size_t>(N * K));
+      for (int64_t i = 0; i < N * K; ++i) {
+        uint16_t h;
+        std::memcpy(&h, w.bytes.data() + 2 * i, 2);
+        vals[static_cast<std::size_t>(i)] = bf16_to_f32(h);
+      }
+      std::vector<float> scale(static_cast<std::size_t>(bn * bk), 0.0f);
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t k = 0; k < K; ++k) {
+          float& s = scale[static_cast<std::size_t>((n / 128) * bk + k / 128)];
+          s = std::max(s, std::fabs(vals[static_cast<std::size_t>(n * K + k)]) / 448.0f);
+        }
+      for (float& s : scale) s = std::ldexp(1.0f, static_cast<int>(std::ceil(std::log2(s))));  // powers of 2: q*s exact
+      OwnedTensor q{DType::kF8E4M3, {N, K}, std::vector<uint8_t>(static_cast<std::size_t>(N * K))};
+      std::vector<float> deq(static_cast<std::size_t>(N * K));
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t k = 0; k < K; ++k) {
+          const float s = scale[static_cast<std::size_t>((n / 128) * bk + k / 128)];
+          const uint8_t c = f32_to_e4m3_satfinite(vals[static_cast<std::size_t>(n * K + k)] / s);
+          q.bytes[static_cast<std::size_t>(n * K + k)] = c;
+          deq[static_cast<std::size_t>(n * K + k)] = e4m3_to_f32(c) * s;
+        }
+      if (as_fp8) {
+        w = q;
+        OwnedTensor st{DType::kF32, {bn, bk}, std::vector<uint8_t>(scale.size() * 4)};
+        std::memcpy(st.bytes.data(), scale.data(), st.bytes.size());
+        t[std::string(base) + ".weight_scale_inv"] = st;
+      } else {
+        w = OwnedTensor{DType::kF32, {N, K}, std::vector<uint8_t>(deq.size() * 4)};
+        std::memcpy(w.bytes.data(), deq.data(), w.bytes.size());
+      }
+    }
+  };
+  Variant fp8("v3_moe", [&](Tensors& t) { quantize(t, true); }, nullptr);
+  Variant f32("v3_moe", [&](Tensors& t) { quantize(t, false); }, nullptr);
+  auto a = Model::load(fp8.dir());
+  ASSERT_TRUE(a.ok()) << a.status().message();
+  auto b = Model::load(f32.dir());
+  ASSERT_TRUE(b.ok()) << b.status().message();
+  EXPECT_EQ(run_logits(**a, kTokens), run_logits(**b, kTokens));
+  // Owned f32 copies: kv_b_proj [64, 512] and one expert's down_proj [32, 16].
+  EXPECT_GE((*a)->memory().dequantized_bytes, (64 * 512 + 32 * 16) * 4u);
+  bool noted = false;
+  for (const auto& n : (*a)->notes()) noted |= n.find("fp8_block") != std::string::npos;
+  EXPECT_TRUE(noted);
 }
 
 TEST(ModelLoad, MissingTensorsAreNamed) {
