@@ -18,6 +18,7 @@
 
 #include "mlakv/attention.h"
 #include "model/model_impl.h"
+#include "model/record_writer.h"
 
 namespace mlakv {
 namespace {
@@ -49,8 +50,9 @@ class PagedBackend final : public AttentionBackend {
         scale_(scale), splits_(splits), pool_(pool) {}
 
   Status attend(int layer, const float* q, const float* latent, const float* rope, int64_t T, float* o_lat) override {
-    MLAKV_RETURN_IF_ERROR(cache_.write(layer, slots_, TensorView::contiguous(latent, DType::kF32, {T, L_}),
-                                       TensorView::contiguous(rope, DType::kF32, {T, R_})));
+    // The SIMD writer: the scalar codec's bytes (src/model/record_writer.h), threaded.
+    (void)T;
+    MLAKV_RETURN_IF_ERROR(model::write_cache_records(cache_.storage(), layer, slots_, latent, rope, pool_));
     MLAKV_ASSIGN_OR_RETURN(CacheLayerView view, cache_.storage().layer(layer));
     std::vector<float> lse(static_cast<std::size_t>(T * H_));
     MlaAttentionParams p;
