@@ -113,33 +113,54 @@ void StoreE4m3Div(const float* x, int n, float s, uint8_t* dst) {
   for (int i = 0; i < n; i += N) StoreBytes(E4m3Codes(df, hn::Div(hn::LoadU(df, x + i), vs)), dst + i);
 }
 
+// e4m3 code -> float for the 128 non-negative codes (the group scales are >= 0).
+struct E4m3Table {
+  float v[128];
+  E4m3Table() {
+    for (int c = 0; c < 128; ++c) v[c] = e4m3_to_f32(static_cast<uint8_t>(c));
+  }
+};
+
 void Nvfp4Latent(const float* latent, float outer_scale, uint8_t* rec) {
   namespace NV = layout::nvfp4_ds_mla;
+  static const E4m3Table table;
   const DF df;
+  const DU du;
   const int N = static_cast<int>(hn::Lanes(df));
   const auto vo = hn::Set(df, outer_scale);
-  float y[NV::kGroupDim];
-  uint8_t codes[NV::kGroupDim + 16];
+  float y[kLatentDim];
+  float amax[NV::kNumGroups];
+  // y = latent / s_l and each group's max |y|.
   for (int g = 0; g < NV::kNumGroups; ++g) {
     auto m = hn::Zero(df);
     for (int i = 0; i < NV::kGroupDim; i += N) {
       const auto v = hn::Div(hn::LoadU(df, latent + g * NV::kGroupDim + i), vo);
-      hn::StoreU(v, df, y + i);
+      hn::StoreU(v, df, y + g * NV::kGroupDim + i);
       m = hn::Max(m, hn::Abs(v));
     }
-    const float amax = hn::GetLane(hn::MaxOfLanes(df, m));
-    const uint8_t sf_code = codec::nvfp4_group_scale_code(amax);
-    const float sf = e4m3_to_f32(sf_code);
+    amax[g] = hn::GetLane(hn::MaxOfLanes(df, m));
+  }
+  // Scale codes e4m3_satfinite(amax / 6) for all groups at once (amax >= 0 and finite:
+  // the codes are < 0x7F), written to the record's scale bytes.
+  uint8_t* scales = rec + NV::kScaleOffset;
+  for (int g = 0; g < NV::kNumGroups; g += N) {
+    StoreBytes(E4m3Codes(df, hn::Div(hn::LoadU(df, amax + g), hn::Set(df, kE2m1Max))), scales + g);
+  }
+  uint8_t codes[NV::kGroupDim + 16];
+  for (int g = 0; g < NV::kNumGroups; ++g) {
+    const float sf = table.v[scales[g] & 0x7F];
     uint8_t* dst = rec + NV::kLatentOffset + g * (NV::kGroupDim / 2);
     if (sf == 0.0f) {
       std::memset(dst, 0, NV::kGroupDim / 2);
-    } else {
-      const auto vsf = hn::Set(df, sf);
-      for (int i = 0; i < NV::kGroupDim; i += N) StoreBytes(E2m1Codes(df, hn::Div(hn::LoadU(df, y + i), vsf)), codes + i);
-      for (int i = 0; i < NV::kGroupDim; i += 2) dst[i / 2] = static_cast<uint8_t>(codes[i] | (codes[i + 1] << 4));
+      continue;
     }
-    rec[NV::kScaleOffset + g] = sf_code;
+    const auto vsf = hn::Set(df, sf);
+    for (int i = 0; i < NV::kGroupDim; i += N) {
+      StoreBytes(E2m1Codes(df, hn::Div(hn::LoadU(df, y + g * NV::kGroupDim + i), vsf)), codes + i);
+    }
+    for (int i = 0; i < NV::kGroupDim; i += 2) dst[i / 2] = static_cast<uint8_t>(codes[i] | (codes[i + 1] << 4));
   }
+  (void)du;
 }
 
 void EncodeRecord(KvFormat f, const float* latent, int latent_dim, const float* rope, int rope_dim, float outer_scale,
