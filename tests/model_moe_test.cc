@@ -130,8 +130,11 @@ TEST(MoeRouting, V3GroupsAndBiasByHand) {
   const Route g2 = route_token(r, l2, bias);
   ASSERT_EQ(g2.experts.size(), 2u);
   for (std::size_t j = 0; j < 2; ++j) {
-    if (g2.experts[j] == 2) EXPECT_NEAR(g2.weights[j], 1.5f, 1e-6f);
-    if (g2.experts[j] != 2) EXPECT_EQ(g2.weights[j], 1.0f) << g2.experts[j];
+    if (g2.experts[j] == 2) {
+      EXPECT_NEAR(g2.weights[j], 1.5f, 1e-6f);
+    } else {
+      EXPECT_EQ(g2.weights[j], 1.0f) << g2.experts[j];
+    }
   }
 }
 

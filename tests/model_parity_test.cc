@@ -160,7 +160,9 @@ TEST_P(ModelParity, PagedFormatsChunkInvariantAndOrdered) {
     // <= 1/4 of a group step: the deviations must be ordered, and bf16's above the
     // float32 noise (it is a real rounding).
     EXPECT_GT(dev, prev) << format_name(f);
-    if (f == KvFormat::kBf16) EXPECT_GT(dev, 4 * e.e_ref);
+    if (f == KvFormat::kBf16) {
+      EXPECT_GT(dev, 4 * e.e_ref);
+    }
     prev = dev;
   }
 }

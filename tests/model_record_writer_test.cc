@@ -82,8 +82,11 @@ TEST(ModelRecordWriter, ElementCodesMatchScalarOnEveryTarget) {
     for (int64_t t : targets()) {
       TargetScope scope(t);
       std::vector<uint8_t> got(v.size());
-      if (e2m1) e2m1_codes_simd(v.data(), static_cast<int64_t>(v.size()), got.data());
-      else e4m3_codes_simd(v.data(), static_cast<int64_t>(v.size()), got.data());
+      if (e2m1) {
+        e2m1_codes_simd(v.data(), static_cast<int64_t>(v.size()), got.data());
+      } else {
+        e4m3_codes_simd(v.data(), static_cast<int64_t>(v.size()), got.data());
+      }
       for (std::size_t i = 0; i < v.size(); ++i) {
         ASSERT_EQ(got[i], want[i]) << (e2m1 ? "e2m1" : "e4m3") << " target " << hwy::TargetName(t) << " x = "
                                    << v[i] << " bits 0x" << std::hex << f32_bits(v[i]);

@@ -134,7 +134,8 @@ struct ModelLoadOptions {
 struct ModelMemory {
   std::size_t checkpoint_bytes = 0;   // bytes of the checkpoint tensors the model uses
   std::size_t mapped_bytes = 0;       // of those, used in place from the mapped files
-  std::size_t dequantized_bytes = 0;  // float32 copies of quantized weights (owned)
+  std::size_t dequantized_bytes = 0;  // owned float32 copies: quantized weights, norms, biases
+  std::size_t routed_expert_bytes = 0;  // of the resident bytes, the routed experts' weights
   std::size_t resident_bytes() const { return mapped_bytes + dequantized_bytes; }
 };
 

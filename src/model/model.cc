@@ -241,12 +241,14 @@ StatusOr<std::unique_ptr<Model>> Model::load(const std::string& dir, const Model
     if (a.routing.scoring == MoeScoring::kSigmoid) {
       MLAKV_RETURN_IF_ERROR(ld.vector(mp + ".gate.e_score_correction_bias", E, false, mw.bias));
     }
+    const std::size_t before = impl->memory.resident_bytes();
     MLAKV_ASSIGN_OR_RETURN(bool fused, ld.fused_experts(mp + ".experts", E, D, I, mw.experts));
     if (!fused) {
       mw.experts.resize(static_cast<std::size_t>(E));
       for (int64_t e = 0; e < E; ++e)
         MLAKV_RETURN_IF_ERROR(ld.mlp(fmt::format("{}.experts.{}", mp, e), D, I, mw.experts[static_cast<std::size_t>(e)]));
     }
+    impl->memory.routed_expert_bytes += impl->memory.resident_bytes() - before;
     if (a.n_shared_experts > 0) {
       mw.has_shared = true;
       MLAKV_RETURN_IF_ERROR(ld.mlp(mp + ".shared_experts", D, I * a.n_shared_experts, mw.shared));
