@@ -12,6 +12,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <unistd.h>
 
 #include "mlakv/model.h"
 #include "mlakv/numerics.h"
@@ -250,6 +251,82 @@ TEST(ModelLoad, Fp8BlockWeightsDequantized) {
   bool noted = false;
   for (const auto& n : (*a)->notes()) noted |= n.find("fp8_block") != std::string::npos;
   EXPECT_TRUE(noted);
+}
+
+// A sharded checkpoint (model.safetensors.index.json + 2 shards, a layer split across
+// them) is the same model.
+TEST(ModelLoad, ShardedCheckpoint) {
+  const std::vector<float> want = baseline("v3_moe");
+  const fs::path dir = fs::temp_directory_path() / ("mlakv_model_sharded_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const Tensors t = read_tensors(fixture("v3_moe") + "/model.safetensors");
+  std::vector<std::pair<std::string, TensorView>> a, b;
+  json index;
+  int i = 0;
+  for (const auto& [n, x] : t) {
+    const bool first = (i++ % 2) == 0;
+    (first ? a : b).emplace_back(n, view(x));
+    index["weight_map"][n] = first ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors";
+  }
+  ASSERT_TRUE(write_safetensors((dir / "model-00001-of-00002.safetensors").string(), a).ok());
+  ASSERT_TRUE(write_safetensors((dir / "model-00002-of-00002.safetensors").string(), b).ok());
+  std::ofstream(dir / "model.safetensors.index.json") << index.dump();
+  fs::copy_file(fixture("v3_moe") + "/config.json", dir / "config.json");
+  auto m = Model::load(dir.string());
+  ASSERT_TRUE(m.ok()) << m.status().message();
+  EXPECT_EQ(run_logits(**m, kTokens), want);
+  fs::remove_all(dir);
+}
+
+// Absent keys take the transformers 5.17 config-class defaults (printed from the
+// installed wheel: DeepseekV2Config(), DeepseekV3Config(), Glm4MoeLiteConfig(),
+// GlmMoeDsaConfig()).
+TEST(ModelArch, TypeDefaults) {
+  const std::string geo = R"("hidden_size": 64, "num_hidden_layers": 5, "num_attention_heads": 2,
+      "kv_lora_rank": 512, "qk_nope_head_dim": 16, "qk_rope_head_dim": 64)";
+  struct Want {
+    const char* type;
+    int vocab, inter, moe_inter, experts, shared, top_k, n_group, topk_group;
+    bool norm;
+    double scale;
+    std::vector<bool> moe;
+  };
+  const std::vector<Want> wants = {
+      {"deepseek_v3", 129280, 18432, 2048, 256, 1, 8, 8, 4, true, 2.5, {false, false, false, true, true}},
+      {"glm4_moe_lite", 154880, 10240, 1536, 64, 1, 4, 1, 1, true, 1.8, {false, true, true, true, true}},
+      {"glm_moe_dsa", 154880, 12288, 2048, 256, 1, 8, 1, 1, true, 2.5, {false, false, false, true, true}},
+  };
+  for (const Want& w : wants) {
+    const std::string extra = std::string(w.type) == "glm_moe_dsa" ? R"(, "index_n_heads": 2, "index_head_dim": 16)" : "";
+    auto a = parse_model_arch("{\"model_type\": \"" + std::string(w.type) + "\", " + geo + extra + "}", "cfg");
+    ASSERT_TRUE(a.ok()) << w.type << ": " << a.status().message();
+    EXPECT_EQ(a->vocab_size, w.vocab) << w.type;
+    EXPECT_EQ(a->intermediate_size, w.inter) << w.type;
+    EXPECT_EQ(a->moe_intermediate_size, w.moe_inter) << w.type;
+    EXPECT_EQ(a->routing.num_experts, w.experts) << w.type;
+    EXPECT_EQ(a->n_shared_experts, w.shared) << w.type;
+    EXPECT_EQ(a->routing.top_k, w.top_k) << w.type;
+    EXPECT_EQ(a->routing.n_group, w.n_group) << w.type;
+    EXPECT_EQ(a->routing.topk_group, w.topk_group) << w.type;
+    EXPECT_EQ(a->routing.norm_topk_prob, w.norm) << w.type;
+    EXPECT_EQ(a->routing.routed_scaling_factor, w.scale) << w.type;
+    EXPECT_EQ(a->moe_layer, w.moe) << w.type;
+    EXPECT_EQ(a->routing.scoring, MoeScoring::kSigmoid) << w.type;
+  }
+  // deepseek_v2 has no default num_experts_per_tok (None): a MoE config must give it.
+  auto v2 = parse_model_arch("{\"model_type\": \"deepseek_v2\", \"q_lora_rank\": null, " + geo + "}", "cfg");
+  ASSERT_FALSE(v2.ok());
+  EXPECT_NE(v2.status().message().find("num_experts_per_tok"), std::string::npos) << v2.status().message();
+  v2 = parse_model_arch(
+      "{\"model_type\": \"deepseek_v2\", \"q_lora_rank\": null, \"num_experts_per_tok\": 6, " + geo + "}", "cfg");
+  ASSERT_TRUE(v2.ok()) << v2.status().message();
+  EXPECT_EQ(v2->routing.scoring, MoeScoring::kSoftmax);
+  EXPECT_EQ(v2->routing.method, MoeTopkMethod::kGreedy);
+  EXPECT_EQ(v2->routing.num_experts, 64);
+  EXPECT_EQ(v2->n_shared_experts, 2);
+  EXPECT_EQ(v2->moe_layer, (std::vector<bool>{true, true, true, true, true}));  // first_k_dense_replace 0
+  EXPECT_FALSE(v2->routing.norm_topk_prob);
 }
 
 TEST(ModelLoad, MissingTensorsAreNamed) {
