@@ -28,6 +28,16 @@
 namespace mlakv::model {
 namespace {
 
+// codec::encode_record's scale-mode parameter type (codec::Fp8Scales or Fp8ScaleMode,
+// both kPow2 = 0, kExact = 1).
+template <class F>
+struct FifthParam;
+template <class R, class A, class B, class C, class D, class E, class G>
+struct FifthParam<R (*)(A, B, C, D, E, G)> {
+  using type = E;
+};
+using CodecMode = typename FifthParam<decltype(&codec::encode_record)>::type;
+
 std::vector<int64_t> targets() {
   std::vector<int64_t> out;
   const int64_t supported = hwy::SupportedTargets() & HWY_TARGETS;
@@ -143,7 +153,7 @@ TEST(ModelRecordWriter, RecordsMatchScalarCodec) {
             if (li == 10) std::fill(rope.begin(), rope.end(), 0.0f);  // rope scale 0
             std::vector<uint8_t> want(static_cast<std::size_t>(rb), 0xAA), got(static_cast<std::size_t>(rb), 0x55);
             codec::encode_record(f, lats[li].data(), rope.data(), outer,
-                                 exact ? codec::Fp8Scales::kExact : codec::Fp8Scales::kPow2, want.data());
+                                 static_cast<CodecMode>(exact ? 1 : 0), want.data());
             encode_record_simd(f, lats[li].data(), kLatentDim, rope.data(), kRopeDim, outer, exact, got.data());
             ASSERT_EQ(got, want) << format_name(f) << " target " << hwy::TargetName(t) << " latent set " << li
                                  << " outer " << outer << " exact " << exact;

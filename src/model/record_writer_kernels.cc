@@ -22,6 +22,17 @@ namespace model {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
+// The scale-mode parameter type of codec::fp8_tile_scale (codec::Fp8Scales today; the
+// one Fp8ScaleMode of mlakv/codec.h once the modes are unified; kPow2 = 0, kExact = 1 in
+// both), so this file compiles on either side of that change.
+template <class F>
+struct SecondParam;
+template <class R, class A, class B>
+struct SecondParam<R (*)(A, B)> {
+  using type = B;
+};
+using TileScaleMode = typename SecondParam<decltype(&codec::fp8_tile_scale)>::type;
+
 using DF = hn::CappedTag<float, 16>;  // 16 lanes at most: one nvfp4 group per vector on AVX-512
 using DU = hn::RebindToUnsigned<DF>;
 using DI = hn::RebindToSigned<DF>;
@@ -172,7 +183,7 @@ void EncodeRecord(KvFormat f, const float* latent, int latent_dim, const float* 
       break;
     case KvFormat::kFp8DsMla: {
       namespace F = layout::fp8_ds_mla;
-      const codec::Fp8Scales mode = fp8_exact ? codec::Fp8Scales::kExact : codec::Fp8Scales::kPow2;
+      const auto mode = static_cast<TileScaleMode>(fp8_exact ? 1 : 0);
       for (int t = 0; t < F::kNumTiles; ++t) {
         const float* x = latent + t * F::kTileDim;
         const float s = codec::fp8_tile_scale(AbsMax(x, F::kTileDim), mode);
