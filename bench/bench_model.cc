@@ -1,6 +1,6 @@
-// The model runner's matrix products (src/model/linear.h) at DeepSeek-V2-Lite prefill
-// and decode shapes, bf16 weights x f32 activations, beside the single-thread FMA
-// ceiling measured in the same binary (src/cpu/roofline.h).
+// The model runner's matrix products (mlakv::linear_cpu, src/model/linear.h) at
+// DeepSeek-V2-Lite prefill and decode shapes, bf16 weights x f32 activations, beside the
+// single-thread FMA ceiling measured in the same binary (mlakv/roofline.h).
 //   GFLOP/s              2 * T * N * K per call
 //   fma_frac_per_thread  GFLOP/s / (threads x single-thread FMA ceiling)
 //   weight_GB/s          weight bytes read per second (what bounds decode, T = 1)
@@ -22,10 +22,9 @@
 
 #include <fmt/format.h>
 
-#include "cpu/roofline.h"
-#include "model/linear.h"
-#include "model/record_writer.h"
 #include "mlakv/cache.h"
+#include "mlakv/model.h"
+#include "mlakv/roofline.h"
 #include "mlakv/numerics.h"
 #include "mlakv/thread_pool.h"
 
@@ -73,7 +72,7 @@ void BM_CeilingFma1Thread(benchmark::State& state) {
   double g = 0;
   for (auto _ : state) g = cpu::measure_fma_gflops(0.2);
   state.counters["GFLOP/s"] = g;
-  state.SetLabel(model::linear_simd_target());
+  state.SetLabel("FMA probe");
 }
 BENCHMARK(BM_CeilingFma1Thread)->Iterations(3)->Unit(benchmark::kMillisecond);
 
@@ -81,19 +80,22 @@ BENCHMARK(BM_CeilingFma1Thread)->Iterations(3)->Unit(benchmark::kMillisecond);
 void BM_MatmulBf16(benchmark::State& state) {
   const int64_t T = state.range(0), N = state.range(1), K = state.range(2);
   Gemm& g = gemm(T, N, K);
-  const model::WeightMatrix W{g.w.data(), DType::kBF16, N, K, K};
+  const TensorView W = TensorView::contiguous(g.w.data(), DType::kBF16, {N, K});
+  const TensorView X = TensorView::contiguous(g.x.data(), DType::kF32, {T, K});
+  const TensorView Y = TensorView::contiguous(g.y.data(), DType::kF32, {T, N});
   const double ceiling = fma_ceiling();
   double best = 1e30;
   for (auto _ : state) {
     const auto t0 = std::chrono::steady_clock::now();
-    model::matmul_nt(g.x.data(), T, K, W, g.y.data(), N, &pool());
+    const Status st = linear_cpu(X, W, Y, &pool());
+    if (!st.ok()) state.SkipWithError(st.to_string().c_str());
     benchmark::DoNotOptimize(g.y.data());
     best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   double best_ceiling = 0;
   for (int i = 0; i < 5; ++i) best_ceiling = std::max(best_ceiling, cpu::measure_fma_gflops(0.03));
   const double flops = 2.0 * static_cast<double>(T * N * K);
-  state.SetLabel(fmt::format("T={} N={} K={} threads={} {}", T, N, K, threads(), model::linear_simd_target()));
+  state.SetLabel(fmt::format("T={} N={} K={} threads={}", T, N, K, threads()));
   state.counters["GFLOP/s"] = benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["fma_frac_per_thread"] =
       benchmark::Counter(flops * 1e-9 / (threads() * ceiling), benchmark::Counter::kIsIterationInvariantRate);
@@ -119,8 +121,9 @@ void Shapes(benchmark::internal::Benchmark* b) {
 }
 BENCHMARK(BM_MatmulBf16)->Apply(Shapes)->Unit(benchmark::kMillisecond)->MinTime(0.3)->UseRealTime();
 
-// Cache writers: the scalar codec (KvCache::write, the spec) against the SIMD writer
-// (src/model/record_writer.h) on 4096 tokens. Args: format, simd (0/1).
+// Cache writers: the scalar codec (PagedKvCache::write, the spec) against the runner's
+// SIMD writer (write_records_simd, src/model/record_writer.h) on 4096 tokens.
+// Args: format, simd (0/1).
 //   in_GB/s   float32 input bytes (576 x 4 per token) encoded per second
 void BM_CacheWrite(benchmark::State& state) {
   const auto f = static_cast<KvFormat>(state.range(0));
@@ -141,12 +144,11 @@ void BM_CacheWrite(benchmark::State& state) {
   KvCache::Config c;
   c.num_blocks = n / kDefaultBlockSize;
   c.layers = {LayerFormat{f, 1.0f}};
-  auto cache = std::move(KvCache::create_cpu(c).value());
+  auto cache = std::move(PagedKvCache::create_cpu(c).value());
+  const TensorView lv = TensorView::contiguous(lat.data(), DType::kF32, {n, kLatentDim});
+  const TensorView rv = TensorView::contiguous(rope.data(), DType::kF32, {n, kRopeDim});
   for (auto _ : state) {
-    const Status st = simd ? model::write_cache_records(*cache, 0, slots, lat.data(), rope.data(), &pool())
-                           : cache->write(0, TensorView::contiguous(slots.data(), DType::kI64, {n}),
-                                          TensorView::contiguous(lat.data(), DType::kF32, {n, kLatentDim}),
-                                          TensorView::contiguous(rope.data(), DType::kF32, {n, kRopeDim}));
+    const Status st = simd ? write_records_simd(*cache, 0, slots, lv, rv, &pool()) : cache->write(0, slots, lv, rv);
     if (!st.ok()) state.SkipWithError(st.to_string().c_str());
   }
   state.SetLabel(fmt::format("{} {} threads={}", format_name(f), simd ? "simd" : "scalar", simd ? threads() : 1));

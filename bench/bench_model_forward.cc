@@ -24,9 +24,9 @@
 
 #include <fmt/format.h>
 
-#include "cpu/roofline.h"
 #include "mlakv/model.h"
 #include "mlakv/numerics.h"
+#include "mlakv/roofline.h"
 #include "mlakv/safetensors.h"
 
 namespace {

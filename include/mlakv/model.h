@@ -196,4 +196,22 @@ class Model {
   std::unique_ptr<Impl> impl_;
 };
 
+// ---- the runner's kernels, for tools and benchmarks -------------------------------
+
+class ThreadPool;
+
+// y = x @ w^T with the runner's SIMD matrix product (src/model/linear.h):
+//   x [T, K] f32, w [N, K] f32/bf16/f16 (rows may be strided, columns contiguous),
+//   y [T, N] f32 (contiguous rows, overwritten); all CPU. Threads over output rows
+// when `pool` is not null. Fails naming the argument on a dtype, shape or device error.
+Status linear_cpu(const TensorView& x, const TensorView& w, const TensorView& y, ThreadPool* pool = nullptr);
+
+// Encodes n tokens into `slots` of cache layer `layer` with the runner's SIMD record
+// writers (byte for byte what PagedKvCache::write stores; src/model/record_writer.h),
+// threaded over tokens. latent [n, latent_dim], rope [n, rope_dim] f32 contiguous CPU;
+// slots < 0 are skipped. Validation (shapes, a slot past the cache, a non-finite value)
+// happens before any byte is written.
+Status write_records_simd(PagedKvCache& cache, int layer, std::span<const int64_t> slots, const TensorView& latent,
+                          const TensorView& rope, ThreadPool* pool = nullptr);
+
 }  // namespace mlakv

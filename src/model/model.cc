@@ -11,6 +11,7 @@
 #include "mlakv/kv_b_proj.h"
 #include "mlakv/numerics.h"
 #include "model/model_impl.h"
+#include "model/record_writer.h"
 
 namespace mlakv {
 namespace {
@@ -296,6 +297,31 @@ StatusOr<std::unique_ptr<PagedKvCache>> Model::create_cache(const std::vector<La
   kc.latent_dim = c.kv_lora_rank;
   kc.rope_dim = c.qk_rope_head_dim;
   return PagedKvCache::create_cpu(kc);
+}
+
+Status linear_cpu(const TensorView& x, const TensorView& w, const TensorView& y, ThreadPool* pool) {
+  MLAKV_RETURN_IF_ERROR(check_tensor(w, "w", {{DType::kF32, DType::kBF16, DType::kF16}, {-1, -1}}, Device::cpu()));
+  const int64_t N = w.size(0), K = w.size(1);
+  MLAKV_RETURN_IF_ERROR(check_tensor(x, "x", {{DType::kF32}, {-1, K}}, Device::cpu()));
+  const int64_t T = x.size(0);
+  MLAKV_RETURN_IF_ERROR(check_tensor(y, "y", {{DType::kF32}, {T, N}}, Device::cpu()));
+  if (w.stride(0) < K) return invalid_argument(fmt::format("w: row stride {} is below its {} columns", w.stride(0), K));
+  if (x.stride(0) < K) return invalid_argument(fmt::format("x: row stride {} is below its {} columns", x.stride(0), K));
+  if (y.stride(0) < N) return invalid_argument(fmt::format("y: row stride {} is below its {} columns", y.stride(0), N));
+  model::matmul_nt(x.ptr<const float>(), T, x.stride(0), WeightMatrix{w.data, w.dtype, N, K, w.stride(0)},
+                   y.ptr<float>(), y.stride(0), pool);
+  return Status::Ok();
+}
+
+Status write_records_simd(PagedKvCache& cache, int layer, std::span<const int64_t> slots, const TensorView& latent,
+                          const TensorView& rope, ThreadPool* pool) {
+  const KvCache::Config& kc = cache.storage().config();
+  const int64_t n = static_cast<int64_t>(slots.size());
+  MLAKV_RETURN_IF_ERROR(check_tensor(latent, "latent", {{DType::kF32}, {n, kc.latent_dim}}, Device::cpu()));
+  MLAKV_RETURN_IF_ERROR(check_tensor(rope, "rope", {{DType::kF32}, {n, kc.rope_dim}}, Device::cpu()));
+  if (!latent.is_contiguous() || !rope.is_contiguous()) return invalid_argument("latent, rope: must be contiguous");
+  return model::write_cache_records(cache.storage(), layer, slots, latent.ptr<const float>(), rope.ptr<const float>(),
+                                    pool);
 }
 
 StatusOr<std::unique_ptr<ReferenceKvCache>> Model::create_reference_cache() const {
