@@ -15,6 +15,7 @@
 #include <cmath>
 #include <random>
 
+#include "mlakv/model.h"
 #include "mlakv/numerics.h"
 #include "mlakv/thread_pool.h"
 
@@ -173,6 +174,30 @@ TEST(ModelLinear, F16AndBf16WideningExhaustive) {
       ASSERT_EQ(y2[static_cast<std::size_t>(i)], want) << dtype_name(dt) << " code " << c;
     }
   }
+}
+
+// The public, validated entry point computes the same bits and names bad arguments.
+TEST(ModelLinear, PublicLinearCpu) {
+  std::mt19937 rng(3);
+  const Weights w = make_weights(DType::kBF16, 7 * 40, rng);
+  std::vector<float> x(3 * 40, 0.5f), y(3 * 7), y2(3 * 7);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 13) * 0.1f - 0.6f;
+  const TensorView W = TensorView::contiguous(w.u16.data(), DType::kBF16, {7, 40});
+  ASSERT_TRUE(linear_cpu(TensorView::contiguous(x.data(), DType::kF32, {3, 40}), W,
+                         TensorView::contiguous(y.data(), DType::kF32, {3, 7}))
+                  .ok());
+  matmul_nt(x.data(), 3, 40, w.matrix(7, 40, 40), y2.data(), 7, nullptr);
+  EXPECT_EQ(y, y2);
+  Status st = linear_cpu(TensorView::contiguous(x.data(), DType::kF32, {3, 39}), W,
+                         TensorView::contiguous(y.data(), DType::kF32, {3, 7}));
+  EXPECT_NE(st.message().find("x"), std::string::npos) << st.message();
+  st = linear_cpu(TensorView::contiguous(x.data(), DType::kF32, {3, 40}), W,
+                  TensorView::contiguous(y.data(), DType::kF32, {3, 6}));
+  EXPECT_NE(st.message().find("y"), std::string::npos) << st.message();
+  st = linear_cpu(TensorView::contiguous(x.data(), DType::kF32, {3, 40}),
+                  TensorView::contiguous(w.u16.data(), DType::kI16, {7, 40}),
+                  TensorView::contiguous(y.data(), DType::kF32, {3, 7}));
+  EXPECT_NE(st.message().find("w"), std::string::npos) << st.message();
 }
 
 }  // namespace

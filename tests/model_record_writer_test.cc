@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "format/record_codec.h"
+#include "mlakv/model.h"
 #include "mlakv/numerics.h"
 #include "mlakv/thread_pool.h"
 
@@ -219,6 +220,32 @@ TEST(ModelRecordWriter, CacheWriterEqualsKvCacheWrite) {
     EXPECT_EQ(std::memcmp(before.data(), vb.data, before.size()), 0);
     EXPECT_FALSE(write_cache_records(**b, 1, slots, lat.data(), rope.data(), nullptr).ok());
   }
+}
+
+// The public entry point stores what PagedKvCache::write stores and validates first.
+TEST(ModelRecordWriter, PublicWriteRecordsSimd) {
+  std::mt19937 rng(8);
+  std::normal_distribution<float> nd(0.0f, 0.7f);
+  const int64_t n = 9;
+  std::vector<float> lat(static_cast<std::size_t>(n * kLatentDim)), rope(static_cast<std::size_t>(n * kRopeDim));
+  for (float& x : lat) x = nd(rng);
+  for (float& x : rope) x = nd(rng);
+  KvCache::Config c;
+  c.num_blocks = 4;
+  c.block_size = 4;
+  c.layers = {LayerFormat{KvFormat::kNvfp4DsMlaFp8Rope, 0.1f}};
+  auto a = PagedKvCache::create_cpu(c);
+  auto b = PagedKvCache::create_cpu(c);
+  ASSERT_TRUE(a.ok() && b.ok());
+  const std::vector<int64_t> slots = {15, 0, 3, -1, 8, 9, 1, 2, 14};
+  const TensorView lv = TensorView::contiguous(lat.data(), DType::kF32, {n, kLatentDim});
+  const TensorView rv = TensorView::contiguous(rope.data(), DType::kF32, {n, kRopeDim});
+  ASSERT_TRUE((*a)->write(0, slots, lv, rv).ok());
+  ASSERT_TRUE(write_records_simd(**b, 0, slots, lv, rv).ok());
+  const auto va = *(*a)->storage().layer(0), vb = *(*b)->storage().layer(0);
+  EXPECT_EQ(std::memcmp(va.data, vb.data, static_cast<std::size_t>(va.num_slots() * va.record_bytes)), 0);
+  const Status st = write_records_simd(**b, 0, slots, TensorView::contiguous(lat.data(), DType::kF32, {n, 500}), rv);
+  EXPECT_NE(st.message().find("latent"), std::string::npos) << st.message();
 }
 
 }  // namespace
