@@ -50,11 +50,12 @@ class Loader {
                                     TensorView::contiguous(out.owned.data(), DType::kF32, {N, K}));
       if (!st.ok()) return st.with_context(fmt::format("{}: loading '{}' as [{}, {}]", src_.describe(), prefix, N, K));
       out.w = WeightMatrix{out.owned.data(), DType::kF32, N, K, K};
-      for (const std::string& n : src_.names()) {
-        if (n.rfind(prefix + ".", 0) == 0) {
-          const std::optional<TensorView> v = src_.find(n);
-          if (v) mem_.checkpoint_bytes += static_cast<std::size_t>(v->numel()) * dtype_size(v->dtype);
-        }
+      // The storage tensors of every encoding kv_b_proj.h reads (looked up by name: a
+      // scan of the checkpoint's names per weight would be quadratic on real models).
+      for (const char* part : {"weight", "weight_scale_inv", "weight_scale", "weight_scale_2", "weight_packed",
+                               "weight_global_scale", "input_scale", "qweight", "qzeros", "scales", "g_idx"}) {
+        const std::optional<TensorView> v = src_.find(prefix + "." + part);
+        if (v) mem_.checkpoint_bytes += static_cast<std::size_t>(v->numel()) * dtype_size(v->dtype);
       }
       mem_.dequantized_bytes += out.owned.size() * sizeof(float);
       quantized_.insert(std::string(weight_encoding_name(enc)));
