@@ -146,7 +146,11 @@ using LatentObserver = std::function<void(int layer, const TensorView& kv_c_norm
 struct ForwardOptions {
   // Only the last token's logits (logits is then [1, vocab]): what decode needs.
   bool last_token_only = false;
-  int num_splits = 1;  // split-KV partitions of the paged attention (>= 1)
+  // Split-KV partitions of the paged attention (>= 1). With 1, prefill in any chunks and
+  // decode give bit-identical logits; more splits use more threads on long contexts but
+  // the split points move with the sequence length, so chunkings then differ by float32
+  // rounding.
+  int num_splits = 1;
   LatentObserver observer;
 };
 
