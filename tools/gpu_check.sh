@@ -6,7 +6,8 @@
 # The GPU image has no Debian -dev packages and no network: the project's Debian
 # dependencies travel as .deb files in .debs/ (fetch them on a machine with apt:
 #   mkdir -p .debs && cd .debs && apt-get download libfmt-dev libfmt9 libcli11-dev \
-#     nlohmann-json3-dev libhwy-dev libhwy1 libgtest-dev libgmock-dev libbenchmark-dev libbenchmark1debian
+#     nlohmann-json3-dev libhwy-dev libhwy1 libgtest-dev libgmock-dev libbenchmark-dev libbenchmark1debian \
+#     libpcre2-dev libpcre2-8-0
 # ) and are unpacked into a private prefix, never into /.
 #   usage: tools/gpu_check.sh [harness|sanitize|bench|profile|all]...   (default: all = the first three)
 set -uo pipefail
