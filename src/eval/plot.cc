@@ -55,7 +55,7 @@ std::string row_label(const EvalRow& r) {
 }  // namespace
 
 std::string eval_plot_svg(const EvalReport& rep, std::string_view title) {
-  const double W = 900, Hh = 380;
+  const double W = 900, Hh = 400;
   std::string s = fmt::format("<svg xmlns='http://www.w3.org/2000/svg' width='{}' height='{}' font-family='sans-serif'>\n"
                               "<rect width='100%' height='100%' fill='white'/>\n"
                               "<text x='{}' y='20' font-size='14' text-anchor='middle'>{}</text>\n",
@@ -101,7 +101,7 @@ std::string eval_plot_svg(const EvalReport& rep, std::string_view title) {
       pts += fmt::format("{:.1f},{:.1f} ", 525 + b * dx, ax.at(bk[b]));
     }
     s += fmt::format("<polyline points='{}' fill='none' stroke='{}' stroke-width='1.5'/>\n", pts, kColors[i % 8]);
-    s += fmt::format("<text x='530' y='{}' font-size='9' fill='{}'>{}</text>\n", 60 + 11 * i, kColors[i % 8],
+    s += fmt::format("<text x='875' y='{}' font-size='9' text-anchor='end' fill='{}'>{}</text>\n", 60 + 11 * i, kColors[i % 8],
                      esc(row_label(rep.rows[i])));
   }
   s += "</svg>\n";
