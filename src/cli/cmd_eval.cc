@@ -13,6 +13,7 @@
 #include "mlakv/eval.h"
 #include "mlakv/model.h"
 #include "mlakv/outer_scales.h"
+#include "mlakv/reparam.h"
 #include "mlakv/tokenizer.h"
 
 namespace mlakv::cli {
@@ -263,6 +264,55 @@ Status run_generate(const GenArgs& a) {
   return Status::Ok();
 }
 
+struct ReparamArgs {
+  std::string model, out, text, tokens;
+  double lo = 0.02, hi = 5.0;
+  int64_t context = 2048, windows = 2;
+  int threads = 0;
+  bool json = false;
+};
+
+Status run_reparam(const ReparamArgs& a) {
+  if (a.text.empty() == a.tokens.empty()) return invalid_argument("give exactly one of --text FILE and --tokens FILE");
+  if (!(a.lo > 0) || !(a.hi > a.lo) || !std::isfinite(a.hi)) {
+    return invalid_argument(fmt::format("--min/--max: need 0 < min < max, got {} and {}", a.lo, a.hi));
+  }
+  MLAKV_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::load(a.model, ModelLoadOptions{.threads = a.threads}));
+  std::optional<Tokenizer> tok;
+  if (auto t = tokenizer_for(a.model, *model); t.ok()) tok = std::move(t).value();
+  MLAKV_ASSIGN_OR_RETURN(std::vector<int32_t> ids,
+                         input_tokens(a.text, a.tokens, tok ? &*tok : nullptr, model->vocab_size()));
+  MLAKV_ASSIGN_OR_RETURN(OuterScales natural, calibrate_outer_scales(*model, ids, a.context, a.windows));
+  const int n = model->num_layers();
+  std::vector<double> factors(static_cast<std::size_t>(n)), target(static_cast<std::size_t>(n));
+  for (int l = 0; l < n; ++l) {
+    // Log-spaced targets from --min to --max; a power-of-two factor keeps the rewrite exact.
+    const double t = n == 1 ? a.hi : a.lo * std::pow(a.hi / a.lo, static_cast<double>(l) / (n - 1));
+    const double m = natural.max_abs[static_cast<std::size_t>(l)];
+    target[static_cast<std::size_t>(l)] = t;
+    factors[static_cast<std::size_t>(l)] = std::exp2(std::round(std::log2(t / m)));
+  }
+  MLAKV_RETURN_IF_ERROR(reparametrize_latent_scale(a.model, a.out, factors));
+  if (a.json) {
+    nlohmann::json rows = nlohmann::json::array();
+    for (int l = 0; l < n; ++l) {
+      const double m = natural.max_abs[static_cast<std::size_t>(l)];
+      rows.push_back({{"layer", l}, {"max_abs", m}, {"factor", factors[static_cast<std::size_t>(l)]},
+                      {"max_abs_after", m * factors[static_cast<std::size_t>(l)]}});
+    }
+    print_json({{"out", a.out}, {"layers", rows}});
+    return Status::Ok();
+  }
+  fmt::print("{} -> {}: kv_a_layernorm.weight *= a_l, kv_b_proj.weight /= a_l (function-preserving)\n", a.model, a.out);
+  fmt::print("{:>5} {:>14} {:>10} {:>14}\n", "layer", "max|latent|", "a_l", "max after");
+  for (int l = 0; l < n; ++l) {
+    const double m = natural.max_abs[static_cast<std::size_t>(l)];
+    fmt::print("{:>5} {:>14.4g} {:>10.4g} {:>14.4g}\n", l, m, factors[static_cast<std::size_t>(l)],
+               m * factors[static_cast<std::size_t>(l)]);
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 void add_eval_command(Cli& cli) {
@@ -300,6 +350,22 @@ void add_eval_command(Cli& cli) {
   gen->add_option("--threads", g->threads, "CPU threads (0 = all cores)")->capture_default_str();
   gen->add_flag("--json", g->json, "one JSON object on stdout");
   gen->callback([&cli, g] { cli.action = [g] { return run_generate(*g); }; });
+
+  auto r = std::make_shared<ReparamArgs>();
+  auto* rp = cli.app.add_subcommand(
+      "reparam", "Write a function-preserving copy of a checkpoint whose cached latents span --min..--max per layer "
+                 "(kv_a_layernorm x a_l, kv_b_proj / a_l; power-of-two a_l, so the rewrite is exact)");
+  rp->add_option("--model", r->model, "source checkpoint directory")->required();
+  rp->add_option("--out", r->out, "new checkpoint directory (must not exist)")->required();
+  rp->add_option("--text", r->text, "text to measure the natural latent magnitudes on");
+  rp->add_option("--tokens", r->tokens, "pre-tokenized input (little-endian int32 ids)");
+  rp->add_option("--min", r->lo, "target max |kv_c_normed| of the first layer")->capture_default_str();
+  rp->add_option("--max", r->hi, "target max |kv_c_normed| of the last layer")->capture_default_str();
+  rp->add_option("--context", r->context, "tokens per measuring window")->capture_default_str();
+  rp->add_option("--windows", r->windows, "measuring windows")->capture_default_str();
+  rp->add_option("--threads", r->threads, "CPU threads (0 = all cores)")->capture_default_str();
+  rp->add_flag("--json", r->json, "one JSON object on stdout");
+  rp->callback([&cli, r] { cli.action = [r] { return run_reparam(*r); }; });
 }
 
 }  // namespace mlakv::cli
