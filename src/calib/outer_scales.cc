@@ -25,17 +25,6 @@ std::string shown(const json& v) {
   return s;
 }
 
-float f16_to_f32(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
-  if (e == 0x1Fu) return f32_from_bits(sign | 0x7F800000u | (m << 13));
-  if (e == 0) {
-    const float v = static_cast<float>(m) * 5.9604644775390625e-8f;
-    return sign ? -v : v;
-  }
-  return f32_from_bits(sign | ((e - 15u + 127u) << 23) | (m << 13));
-}
-
 // A scale the cache can hold: finite, > 0, and still so in float32.
 bool valid_scale(double s) {
   const float f = static_cast<float>(s);

@@ -10,10 +10,6 @@
 namespace mlakv {
 namespace {
 
-codec::Fp8Scales to_internal(Fp8ScaleMode m) {
-  return m == Fp8ScaleMode::kExact ? codec::Fp8Scales::kExact : codec::Fp8Scales::kPow2;
-}
-
 // Reads row `t` of a [n, d] f32/bf16 tensor into dst as float32.
 void load_row(const TensorView& x, int64_t t, int d, float* dst) {
   if (x.dtype == DType::kF32) {
@@ -84,7 +80,7 @@ Status encode_records(const CodecParams& p, const TensorView& latent, const Tens
     if (p.format == KvFormat::kBf16) {
       codec::encode_bf16_record(lat.data(), p.latent_dim, rop.data(), p.rope_dim, rec);
     } else {
-      codec::encode_record(p.format, lat.data(), rop.data(), p.outer_scale, to_internal(p.fp8_scales), rec);
+      codec::encode_record(p.format, lat.data(), rop.data(), p.outer_scale, p.fp8_scales, rec);
     }
   }
   return Status::Ok();

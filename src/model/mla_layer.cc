@@ -26,17 +26,6 @@ void parallel(ThreadPool* pool, int64_t n, const std::function<void(int64_t)>& f
   pool->parallel_for(n, [&](int64_t i, int) { fn(i); });
 }
 
-float f16_to_f32(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
-  if (e == 0x1Fu) return f32_from_bits(sign | 0x7F800000u | (m << 13));  // Inf / NaN
-  if (e == 0) {
-    const float v = static_cast<float>(m) * 5.9604644775390625e-8f;  // m * 2^-24, exact
-    return sign ? -v : v;
-  }
-  return f32_from_bits(sign | ((e - 15u + 127u) << 23) | (m << 13));
-}
-
 double dot(const float* a, const float* b, int64_t n) {
   double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
   int64_t k = 0;

@@ -69,19 +69,6 @@ inline uint16_t load_u16(const uint8_t* base, int64_t i) {
   return v;
 }
 
-// IEEE binary16 -> f32, exact. numerics.h has no f16 (the KV formats do not use it);
-// GPTQ/AWQ scales and f16 dense weights need it.
-inline float f16_to_f32(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
-  if (e == 0) {
-    const float v = static_cast<float>(m) * 5.9604644775390625e-8f;  // m * 2^-24, exact
-    return sign ? -v : v;
-  }
-  if (e == 0x1Fu) return f32_from_bits(sign | 0x7F800000u | (m << 13));  // Inf / NaN
-  return f32_from_bits(sign | ((e + 127u - 15u) << 23) | (m << 13));
-}
-
 // Element i of a f32 / bf16 / f16 tensor (contiguous) as float.
 inline float load_float(const TensorView& t, int64_t i) {
   const auto* b = t.ptr<const uint8_t>();
