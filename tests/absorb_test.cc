@@ -984,5 +984,43 @@ TEST(AbsorbCli, CheckpointDirectoryWithItsQuantizationConfig) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(AbsorbCli, NullQuantizationConfigIsADenseCheckpoint) {
+  // `"quantization_config": null` (what some exporters write for a dense model) reads as
+  // no quantization_config at all: the bf16 layers are detected and absorbed.
+  const std::string dir = ::testing::TempDir() + "absorb_null_q_" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  {
+    std::FILE* f = std::fopen((dir + "/config.json").c_str(), "wb");
+    ASSERT_NE(f, nullptr);
+    const std::string cfg = R"({"model_type": "deepseek_v3", "hidden_size": 8, "num_hidden_layers": 1,
+      "num_attention_heads": 2, "kv_lora_rank": 4, "qk_nope_head_dim": 3, "qk_rope_head_dim": 2, "v_head_dim": 2,
+      "q_lora_rank": null, "num_nextn_predict_layers": 0, "rope_theta": 10000, "quantization_config": null})";
+    std::fwrite(cfg.data(), 1, cfg.size(), f);
+    std::fclose(f);
+  }
+  TensorMap m;
+  add_dense(m, 0);
+  std::vector<std::pair<std::string, TensorView>> tensors;
+  for (const std::string& n : m.names()) tensors.emplace_back(n, *m.find(n));
+  ASSERT_TRUE(write_safetensors(dir + "/model.safetensors", tensors).ok());
+  const std::string cli = std::string(MLAKV_CLI_PATH);
+  const std::string out = dir + "/out.json", err = dir + "/err.txt", absorbed = dir + "/absorbed.safetensors";
+  ASSERT_EQ(std::system((cli + " absorb " + dir + " --json --dtype f32 --out " + absorbed + " >" + out + " 2>" + err)
+                            .c_str()),
+            0)
+      << slurp(err);
+  const nlohmann::json j = nlohmann::json::parse(slurp(out));
+  EXPECT_EQ(j["layers"], 1);
+  EXPECT_EQ(j["encoding"], "dense");
+  StatusOr<std::unique_ptr<SafetensorsFile>> file = SafetensorsFile::open(absorbed);
+  ASSERT_TRUE(file.ok()) << file.status().to_string();
+  std::optional<TensorView> k = (*file)->find("model.layers.0.self_attn.W_UK_T");
+  std::optional<TensorView> v = (*file)->find("model.layers.0.self_attn.W_UV");
+  ASSERT_TRUE(k && v);
+  EXPECT_EQ(read(*k), kDenseUkt);
+  EXPECT_EQ(read(*v), kDenseUv);
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace mlakv

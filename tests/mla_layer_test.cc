@@ -64,10 +64,7 @@ std::string slurp(const std::string& path) {
 }
 
 WeightQuantOptions quant_of(const std::string& dir) {
-  const std::string text = slurp(dir + "/config.json");
-  const auto j = nlohmann::json::parse(text);
-  if (!j.contains("quantization_config")) return {};
-  auto q = parse_weight_quant_options(text);
+  auto q = load_checkpoint_quant_options(dir);
   EXPECT_TRUE(q.ok()) << q.status().to_string();
   return q.ok() ? *q : WeightQuantOptions{};
 }

@@ -70,7 +70,7 @@ struct MlaLayerWeights {
 
 struct MlaLoadOptions {
   // Checkpoint encodings (detected per projection unless forced; fp8 block shape, GPTQ
-  // group size...): pass parse_weight_quant_options(config.json) for quantized checkpoints.
+  // group size...): load_checkpoint_quant_options(checkpoint) reads them for a checkpoint.
   WeightQuantOptions quant;
   // Tensor name prefix; empty means "model.layers.<layer>.self_attn.".
   std::string prefix;

@@ -41,10 +41,12 @@
 #include <cctype>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "core/file_io.h"
 #include "mlakv/numerics.h"
 
 namespace mlakv {
@@ -549,6 +551,7 @@ StatusOr<WeightQuantOptions> parse_weight_quant_options(std::string_view quantiz
                        /*allow_exceptions=*/false);
   if (j.is_discarded()) return invalid_argument("quantization_config: not valid JSON");
   if (j.is_object() && j.contains("quantization_config")) j = j["quantization_config"];
+  if (j.is_null()) return WeightQuantOptions{};  // "quantization_config": null: not quantized
   if (!j.is_object()) return invalid_argument("quantization_config: expected a JSON object");
 
   WeightQuantOptions opt;
@@ -591,6 +594,26 @@ StatusOr<WeightQuantOptions> parse_weight_quant_options(std::string_view quantiz
         "quantization_config.quant_method '{}': supported are fp8, gptq, awq, modelopt, compressed-tensors", *method));
   }
   return opt;
+}
+
+StatusOr<WeightQuantOptions> parse_checkpoint_quant_options(std::string_view config_json, std::string_view source) {
+  const json j = json::parse(config_json.begin(), config_json.end(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return invalid_argument(fmt::format("{}: not valid JSON", source));
+  if (!j.is_object()) return invalid_argument(fmt::format("{}: expected a JSON object (a config.json)", source));
+  const auto it = j.find("quantization_config");
+  if (it == j.end() || it->is_null()) return WeightQuantOptions{};
+  StatusOr<WeightQuantOptions> q = parse_weight_quant_options(it->dump());
+  if (!q.ok()) return q.status().with_context(source);
+  return q;
+}
+
+StatusOr<WeightQuantOptions> load_checkpoint_quant_options(const std::string& path) {
+  std::string file = path;
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) file = (std::filesystem::path(path) / "config.json").string();
+  MLAKV_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, io::read_file(file));
+  return parse_checkpoint_quant_options(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()),
+                                        file);
 }
 
 StatusOr<WeightEncoding> detect_weight_encoding(const TensorSource& src, std::string_view prefix) {

@@ -530,14 +530,9 @@ TEST_F(Cuda, LayerForwardMatchesTheCpuLayer) {
       auto ck = Checkpoint::open(dir);
       ASSERT_TRUE(ck.ok()) << ck.status().to_string();
       MlaLoadOptions lo;
-      auto cfg_text = std::ifstream(dir + "/config.json");
-      std::string text((std::istreambuf_iterator<char>(cfg_text)), std::istreambuf_iterator<char>());
-      auto j = nlohmann::json::parse(text);
-      if (j.contains("quantization_config")) {
-        auto parsed = parse_weight_quant_options(j["quantization_config"].dump());
-        ASSERT_TRUE(parsed.ok()) << parsed.status().to_string();
-        lo.quant = *parsed;
-      }
+      auto parsed = load_checkpoint_quant_options(dir);
+      ASSERT_TRUE(parsed.ok()) << parsed.status().to_string();
+      lo.quant = *parsed;
       auto io = SafetensorsFile::open(dir + "/io.safetensors");
       ASSERT_TRUE(io.ok()) << io.status().to_string();
       const auto& meta = (*io)->metadata();
