@@ -91,7 +91,7 @@ ModelConfig tiny_config(int layers, int H = 2, int P = 3, int V = 2, int L = 4) 
   return c;
 }
 
-const KvBProjGeometry kTiny{2, 3, 2, 4};  // H, P, V, L: kv_b_proj [10, 4]
+const MlaGeometry kTiny{.num_heads = 2, .kv_lora_rank = 4, .qk_nope_head_dim = 3, .v_head_dim = 2};  // kv_b_proj [10, 4]
 
 // Dense f32 kv_b_proj [10, 4] with W[n][k] = 10 n + k + offset.
 void add_dense(TensorMap& m, int layer, float offset = 0) {
@@ -230,7 +230,7 @@ TEST(AbsorbValues, Bf16PairIsTheSameFromF32AndBf16ScratchAndRoundsOnce) {
   // Random fp8 codes and non-power-of-two scales: products need rounding to bf16. The
   // expectation rounds the exact product (double) to f32, then to bf16 with this file's
   // own RNE: that is one rounding of the correctly rounded f32 value.
-  const KvBProjGeometry g{3, 8, 4, 16};  // N = 36
+  const MlaGeometry g{.num_heads = 3, .kv_lora_rank = 16, .qk_nope_head_dim = 8, .v_head_dim = 4};  // N = 36
   TensorMap m;
   std::mt19937 rng(7);
   std::vector<uint8_t> q(36 * 16);
@@ -279,7 +279,7 @@ TEST(AllocationOrders, PersistentFirstPlacesThePairBelowTheScratchAndLegacyAbove
   // All blocks are small-pool (< 1 MiB) and go into one fresh 2 MiB segment in
   // allocation order: offsets reveal the order. Geometry H=4, P=64, V=32, L=128:
   // W_UK_T 64 KiB, W_UV 32 KiB (bf16), scratch [384, 128] f32 = 192 KiB.
-  const KvBProjGeometry g{4, 64, 32, 128};
+  const MlaGeometry g{.num_heads = 4, .kv_lora_rank = 128, .qk_nope_head_dim = 64, .v_head_dim = 32};
   TensorMap m;
   put(m, kvb(0) + "weight", DType::kBF16, {384, 128}, std::vector<uint16_t>(384 * 128, 0x3F80));  // 1.0
   const std::size_t ukt = 4 * 64 * 128 * 2, uv = 4 * 128 * 32 * 2, scratch = 384 * 128 * 4;
@@ -640,7 +640,7 @@ TEST(Reload, IncompatibleReloadAllocatesNewStorageAndSaysWhy) {
   EXPECT_EQ(alloc.stats().num_allocations, 4u);  // the old pairs were released
 
   // A different head count (same layers): shapes change, and the change says which.
-  const KvBProjGeometry g4{4, 3, 2, 4};
+  const MlaGeometry g4{.num_heads = 4, .kv_lora_rank = 4, .qk_nope_head_dim = 3, .v_head_dim = 2};
   TensorMap m4;
   put(m4, kvb(0) + "weight", DType::kF32, {20, 4}, std::vector<float>(80, 2.0f));
   AbsorbedLayer& l0 = (*layers)[0];
@@ -858,7 +858,7 @@ TEST(AbsorbErrors, InvalidOptionsAndGeometry) {
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.message().find("scratch_dtype i32"), std::string::npos) << st.message();
   opt.scratch_dtype.reset();
-  st = absorb_kv_b_proj(m, kvb(0), KvBProjGeometry{2, 0, 2, 4}, alloc, opt, layer);
+  st = absorb_kv_b_proj(m, kvb(0), MlaGeometry{.num_heads = 2, .kv_lora_rank = 4, .qk_nope_head_dim = 0, .v_head_dim = 2}, alloc, opt, layer);
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.message().find("qk_nope_head_dim 0"), std::string::npos) << st.message();
   EXPECT_EQ(alloc.stats().num_backing_allocs, 0u);

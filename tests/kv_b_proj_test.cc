@@ -718,8 +718,8 @@ TEST(WeightDequant, Bf16OutputRoundsTheExactValueOnce) {
 
 TEST(WeightDequant, KvBProjPerHeadView) {
   // H = 2, P = 3, V = 5, L = 16: W [16, 16], viewed [2, 8, 16].
-  const KvBProjGeometry geo{2, 3, 5, 16};
-  ASSERT_EQ(geo.rows(), 16);
+  const MlaGeometry geo{.num_heads = 2, .kv_lora_rank = 16, .qk_nope_head_dim = 3, .v_head_dim = 5};
+  ASSERT_EQ(geo.kv_b_rows(), 16);
   std::vector<uint16_t> w(16 * 16);
   for (int i = 0; i < 16 * 16; ++i) w[static_cast<std::size_t>(i)] = bf16_bits_of(static_cast<float>(i - 100));
   TensorMap m;
@@ -738,7 +738,7 @@ TEST(WeightDequant, KvBProjPerHeadView) {
   }
   expect_error(dequantize_kv_b_proj(m, kPrefix, geo, {}, TensorView::contiguous(out.data(), DType::kF32, {2, 9, 16})),
                StatusCode::kInvalidArgument, {"out", "[2, 8, 16]"});
-  expect_error(dequantize_kv_b_proj(m, kPrefix, KvBProjGeometry{2, 0, 5, 16}, {},
+  expect_error(dequantize_kv_b_proj(m, kPrefix, MlaGeometry{.num_heads = 2, .kv_lora_rank = 16, .qk_nope_head_dim = 0, .v_head_dim = 5}, {},
                                     TensorView::contiguous(out.data(), DType::kF32, {2, 8, 16})),
                StatusCode::kInvalidArgument, {"qk_nope_head_dim 0"});
 }

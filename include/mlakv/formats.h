@@ -96,6 +96,31 @@ static_assert(kOuterScaleDenominator == 6.0 * 448.0);
 
 }  // namespace layout
 
+// ---- the format switch -----------------------------------------------------------------
+// The one switch over KvFormat: visit_format(f, fn) calls fn(FormatTag<F>{}) with the
+// compile-time F equal to the run-time f, and returns what fn returns (the same type for
+// every format). Code per format then reads `if constexpr (T::value == KvFormat::k...)`
+// or overloads on the tag, and a kernel can be instantiated per format by hoisting the
+// visit out of its loop. Host and device. `f` must be a valid KvFormat (callers
+// validate it first, e.g. codec_record_bytes / format_info): any other value takes the
+// bf16 branch.
+template <KvFormat F>
+struct FormatTag {
+  static constexpr KvFormat value = F;
+};
+
+template <class Fn>
+MLAKV_HD constexpr decltype(auto) visit_format(KvFormat f, Fn&& fn) {
+  switch (f) {
+    case KvFormat::kFp8DsMla: return fn(FormatTag<KvFormat::kFp8DsMla>{});
+    case KvFormat::kNvfp4DsMla: return fn(FormatTag<KvFormat::kNvfp4DsMla>{});
+    case KvFormat::kNvfp4DsMlaFp8Rope: return fn(FormatTag<KvFormat::kNvfp4DsMlaFp8Rope>{});
+    case KvFormat::kBf16:
+    default: return fn(FormatTag<KvFormat::kBf16>{});
+  }
+}
+static_assert(kNumKvFormats == 4, "visit_format lists every KvFormat");
+
 // One contiguous byte region of a record, for docs, `mlakv formats` and tests.
 struct RecordRegion {
   int offset;

@@ -45,6 +45,7 @@
 #include <string>
 #include <string_view>
 
+#include "mlakv/mla_geometry.h"
 #include "mlakv/status.h"
 #include "mlakv/tensor.h"
 #include "mlakv/tensor_source.h"
@@ -131,20 +132,11 @@ StatusOr<WeightEncoding> detect_weight_encoding(const TensorSource& src, std::st
 Status dequantize_weight(const TensorSource& src, std::string_view prefix, int64_t N, int64_t K,
                          const WeightQuantOptions& opt, const TensorView& out);
 
-// kv_b_proj's geometry (config.json: num_attention_heads, qk_nope_head_dim,
-// v_head_dim, kv_lora_rank), or that of a tensor-parallel shard when the source holds
-// the shard's heads only.
-struct KvBProjGeometry {
-  int64_t num_heads = 0;         // H
-  int64_t qk_nope_head_dim = 0;  // P
-  int64_t v_head_dim = 0;        // V
-  int64_t kv_lora_rank = 0;      // L
-  int64_t rows() const { return num_heads * (qk_nope_head_dim + v_head_dim); }  // N
-};
-
 // dequantize_weight for kv_b_proj: `out` is [H*(P+V), L] or the per-head view
-// [H, P+V, L] (f32 or bf16, CPU, contiguous).
-Status dequantize_kv_b_proj(const TensorSource& src, std::string_view prefix, const KvBProjGeometry& geo,
+// [H, P+V, L] (f32 or bf16, CPU, contiguous). Of `geo` only H (num_heads: the heads the
+// source holds, a tensor-parallel shard's when it holds one shard), P, V and L are read;
+// a ModelConfig passes as its geometry.
+Status dequantize_kv_b_proj(const TensorSource& src, std::string_view prefix, const MlaGeometry& geo,
                             const WeightQuantOptions& opt, const TensorView& out);
 
 }  // namespace mlakv

@@ -31,6 +31,7 @@
 
 #include "mlakv/cache.h"
 #include "mlakv/kv_b_proj.h"
+#include "mlakv/mla_geometry.h"
 #include "mlakv/model_config.h"
 #include "mlakv/status.h"
 #include "mlakv/tensor.h"
@@ -44,13 +45,8 @@ class ThreadPool;
 // like nn.Linear.weight.
 struct MlaLayerWeights {
   int layer = -1;
-  int hidden_size = 0;       // D
-  int num_heads = 0;         // H
-  int q_lora_rank = 0;       // 0: plain q_proj
-  int kv_lora_rank = 0;      // L
-  int qk_nope_head_dim = 0;  // P
-  int qk_rope_head_dim = 0;  // R
-  int v_head_dim = 0;        // V
+  MlaGeometry geometry;  // D, H, q_lora, L, P, R, V of the vectors below
+
 
   std::vector<float> q_a_proj;   // [q_lora, D]      (q_lora > 0)
   std::vector<float> q_a_bias;   // [q_lora] or empty

@@ -192,7 +192,7 @@ Status run_report(const AbsorbArgs& a, const Source& s, const AbsorbModelOptions
   MLAKV_ASSIGN_OR_RETURN(AbsorbMemoryReport r, measure_absorb_memory(*s.tensors, s.config, o, mem));
   if (pr) pr->finish();
 
-  const KvBProjGeometry& g = r.rank_geometry;
+  const MlaGeometry& g = r.rank_geometry;
   const DType sdt = o.absorb.scratch_dtype.value_or(o.absorb.dtype);
   const auto rbu_change = static_cast<double>(r.persistent_first.after_load.reserved_but_unallocated) -
                           static_cast<double>(r.scratch_first.after_load.reserved_but_unallocated);
@@ -298,7 +298,7 @@ Status run_absorb(const AbsorbArgs& a) {
          {"allocation_order", std::string(allocation_order_name(o.absorb.order))}}));
   }
   const AbsorbedLayer& first = layers.front();
-  const KvBProjGeometry& g = first.geometry;
+  const MlaGeometry& g = first.geometry;
   if (a.json) {
     print_json({{"model", s.config.name},
                 {"source", s.tensors->describe()},

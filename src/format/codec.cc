@@ -97,23 +97,23 @@ Status validate_record(KvFormat f, const uint8_t* rec, int64_t t) {
     }
     return Status::Ok();
   };
-  switch (f) {
-    case KvFormat::kBf16: return Status::Ok();
-    case KvFormat::kFp8DsMla: {
-      namespace F = layout::fp8_ds_mla;
-      for (int k = 0; k < F::kNumTiles; ++k) {
-        const float s = codec::load_f32(rec + F::kScaleOffset + 4 * k);
+  return visit_format(f, [&](auto tag) -> Status {
+    constexpr KvFormat F = decltype(tag)::value;
+    if constexpr (F == KvFormat::kBf16) {
+      return Status::Ok();
+    } else if constexpr (F == KvFormat::kFp8DsMla) {
+      namespace L8 = layout::fp8_ds_mla;
+      for (int k = 0; k < L8::kNumTiles; ++k) {
+        const float s = codec::load_f32(rec + L8::kScaleOffset + 4 * k);
         if (!std::isfinite(s) || !(s > 0.0f)) {
           return data_loss(fmt::format("record {}: tile {} scale is {} (must be finite and > 0)", t, k, s));
         }
       }
-      return bad_e4m3(F::kLatentOffset, kLatentDim, "latent");
-    }
-    case KvFormat::kNvfp4DsMla:
-    case KvFormat::kNvfp4DsMlaFp8Rope: {
+      return bad_e4m3(L8::kLatentOffset, kLatentDim, "latent");
+    } else {
       namespace N = layout::nvfp4_ds_mla;
       MLAKV_RETURN_IF_ERROR(bad_e4m3(N::kScaleOffset, N::kNumGroups, "group scale"));
-      if (f == KvFormat::kNvfp4DsMlaFp8Rope) {
+      if constexpr (F == KvFormat::kNvfp4DsMlaFp8Rope) {
         namespace R = layout::nvfp4_ds_mla_fp8rope;
         const float rs = codec::load_f32(rec + R::kRopeScaleOffset);
         if (!std::isfinite(rs) || rs < 0.0f) {
@@ -123,8 +123,7 @@ Status validate_record(KvFormat f, const uint8_t* rec, int64_t t) {
       }
       return Status::Ok();
     }
-  }
-  return Status::Ok();
+  });
 }
 
 }  // namespace

@@ -140,12 +140,18 @@ MLAKV_HD void encode_nvfp4_fp8rope_record(const float* latent, const float* rope
 
 MLAKV_HD void encode_record(KvFormat f, const float* latent, const float* rope, float outer_scale,
                             Fp8ScaleMode fp8_mode, uint8_t* rec) {
-  switch (f) {
-    case KvFormat::kBf16: encode_bf16_record(latent, kLatentDim, rope, kRopeDim, rec); break;
-    case KvFormat::kFp8DsMla: encode_fp8_record(latent, rope, fp8_mode, rec); break;
-    case KvFormat::kNvfp4DsMla: encode_nvfp4_record(latent, rope, outer_scale, rec); break;
-    case KvFormat::kNvfp4DsMlaFp8Rope: encode_nvfp4_fp8rope_record(latent, rope, outer_scale, rec); break;
-  }
+  visit_format(f, [&](auto tag) {
+    constexpr KvFormat F = decltype(tag)::value;
+    if constexpr (F == KvFormat::kBf16) {
+      encode_bf16_record(latent, kLatentDim, rope, kRopeDim, rec);
+    } else if constexpr (F == KvFormat::kFp8DsMla) {
+      encode_fp8_record(latent, rope, fp8_mode, rec);
+    } else if constexpr (F == KvFormat::kNvfp4DsMla) {
+      encode_nvfp4_record(latent, rope, outer_scale, rec);
+    } else {
+      encode_nvfp4_fp8rope_record(latent, rope, outer_scale, rec);
+    }
+  });
 }
 
 // Decode one record (L=512, R=64 except bf16, which takes its geometry).
@@ -167,34 +173,31 @@ MLAKV_HD void decode_nvfp4_latent(const uint8_t* rec, float outer_scale, float* 
 }
 
 MLAKV_HD void decode_record(KvFormat f, const uint8_t* rec, float outer_scale, float* latent, float* rope) {
-  switch (f) {
-    case KvFormat::kBf16: decode_bf16_record(rec, kLatentDim, kRopeDim, latent, rope); break;
-    case KvFormat::kFp8DsMla: {
-      namespace F = layout::fp8_ds_mla;
-      for (int t = 0; t < F::kNumTiles; ++t) {
-        const float s = load_f32(rec + F::kScaleOffset + 4 * t);
-        for (int i = 0; i < F::kTileDim; ++i) {
-          latent[t * F::kTileDim + i] = fp8_dequantize(rec[F::kLatentOffset + t * F::kTileDim + i], s);
+  visit_format(f, [&](auto tag) {
+    constexpr KvFormat F = decltype(tag)::value;
+    if constexpr (F == KvFormat::kBf16) {
+      decode_bf16_record(rec, kLatentDim, kRopeDim, latent, rope);
+    } else if constexpr (F == KvFormat::kFp8DsMla) {
+      namespace L8 = layout::fp8_ds_mla;
+      for (int t = 0; t < L8::kNumTiles; ++t) {
+        const float s = load_f32(rec + L8::kScaleOffset + 4 * t);
+        for (int i = 0; i < L8::kTileDim; ++i) {
+          latent[t * L8::kTileDim + i] = fp8_dequantize(rec[L8::kLatentOffset + t * L8::kTileDim + i], s);
         }
       }
-      for (int i = 0; i < kRopeDim; ++i) rope[i] = bf16_to_f32(load_u16(rec + F::kRopeOffset + 2 * i));
-      break;
-    }
-    case KvFormat::kNvfp4DsMla: {
+      for (int i = 0; i < kRopeDim; ++i) rope[i] = bf16_to_f32(load_u16(rec + L8::kRopeOffset + 2 * i));
+    } else if constexpr (F == KvFormat::kNvfp4DsMla) {
       decode_nvfp4_latent(rec, outer_scale, latent);
       for (int i = 0; i < kRopeDim; ++i) {
         rope[i] = bf16_to_f32(load_u16(rec + layout::nvfp4_ds_mla::kRopeOffset + 2 * i));
       }
-      break;
-    }
-    case KvFormat::kNvfp4DsMlaFp8Rope: {
+    } else {
       namespace N = layout::nvfp4_ds_mla_fp8rope;
       decode_nvfp4_latent(rec, outer_scale, latent);
       const float rs = load_f32(rec + N::kRopeScaleOffset);
       for (int i = 0; i < kRopeDim; ++i) rope[i] = e4m3_to_f32(rec[N::kRopeOffset + i]) * rs;
-      break;
     }
-  }
+  });
 }
 
 }  // namespace mlakv::codec

@@ -114,18 +114,17 @@ Status check_geometry(const ModelConfig& c) {
 }
 
 Status check_matches(const MlaLayerWeights& w, const ModelConfig& c) {
-  if (w.hidden_size != c.hidden_size || w.num_heads != c.num_heads || w.q_lora_rank != c.q_lora_rank ||
-      w.kv_lora_rank != c.kv_lora_rank || w.qk_nope_head_dim != c.qk_nope_head_dim ||
-      w.qk_rope_head_dim != c.qk_rope_head_dim || w.v_head_dim != c.v_head_dim) {
+  const MlaGeometry& g = w.geometry;
+  if (g != c.geometry()) {
     return invalid_argument(fmt::format(
         "weights of layer {} (D {}, H {}, q_lora {}, L {}, P {}, R {}, V {}) do not match config {} (D {}, H {}, "
         "q_lora {}, L {}, P {}, R {}, V {})",
-        w.layer, w.hidden_size, w.num_heads, w.q_lora_rank, w.kv_lora_rank, w.qk_nope_head_dim, w.qk_rope_head_dim,
-        w.v_head_dim, c.name, c.hidden_size, c.num_heads, c.q_lora_rank, c.kv_lora_rank, c.qk_nope_head_dim,
+        w.layer, g.hidden_size, g.num_heads, g.q_lora_rank, g.kv_lora_rank, g.qk_nope_head_dim, g.qk_rope_head_dim,
+        g.v_head_dim, c.name, c.hidden_size, c.num_heads, c.q_lora_rank, c.kv_lora_rank, c.qk_nope_head_dim,
         c.qk_rope_head_dim, c.v_head_dim));
   }
-  const int64_t D = w.hidden_size, H = w.num_heads, QL = w.q_lora_rank, L = w.kv_lora_rank, P = w.qk_nope_head_dim,
-                R = w.qk_rope_head_dim, V = w.v_head_dim;
+  const int64_t D = g.hidden_size, H = g.num_heads, QL = g.q_lora_rank, L = g.kv_lora_rank, P = g.qk_nope_head_dim,
+                R = g.qk_rope_head_dim, V = g.v_head_dim;
   auto want = [](const std::vector<float>& v, int64_t n, bool optional, const char* what) -> Status {
     if (static_cast<int64_t>(v.size()) == n || (optional && v.empty())) return Status::Ok();
     return invalid_argument(fmt::format("MlaLayerWeights::{} has {} values, expected {}", what, v.size(), n));
@@ -194,12 +193,6 @@ Status load_linear(const TensorSource& src, const std::string& prefix, int64_t N
     out.clear();
     return st.with_context(fmt::format("{}: loading '{}' as [{}, {}]", src.describe(), prefix, N, K));
   }
-  return Status::Ok();
-}
-
-Status check_cpu_f32(const TensorView& t, const char* name, std::initializer_list<int64_t> shape) {
-  MLAKV_RETURN_IF_ERROR(check_tensor(t, name, {{DType::kF32}, shape}, Device::cpu()));
-  if (!t.is_contiguous()) return invalid_argument(fmt::format("{}: must be contiguous (row-major, no gaps)", name));
   return Status::Ok();
 }
 
@@ -274,15 +267,10 @@ StatusOr<MlaLayerWeights> load_mla_layer(const TensorSource& src, const ModelCon
   }
   MlaLayerWeights w;
   w.layer = layer;
-  w.hidden_size = cfg.hidden_size;
-  w.num_heads = cfg.num_heads;
-  w.q_lora_rank = cfg.q_lora_rank;
-  w.kv_lora_rank = cfg.kv_lora_rank;
-  w.qk_nope_head_dim = cfg.qk_nope_head_dim;
-  w.qk_rope_head_dim = cfg.qk_rope_head_dim;
-  w.v_head_dim = cfg.v_head_dim;
-  const int64_t D = w.hidden_size, H = w.num_heads, QL = w.q_lora_rank, L = w.kv_lora_rank, P = w.qk_nope_head_dim,
-                R = w.qk_rope_head_dim, V = w.v_head_dim;
+  w.geometry = cfg.geometry();
+  const MlaGeometry& geo = w.geometry;
+  const int64_t D = geo.hidden_size, H = geo.num_heads, QL = geo.q_lora_rank, L = geo.kv_lora_rank,
+                P = geo.qk_nope_head_dim, R = geo.qk_rope_head_dim, V = geo.v_head_dim;
   const std::string pre = opt.prefix.empty() ? fmt::format("model.layers.{}.self_attn.", layer) : opt.prefix;
 
   if (QL > 0) {
@@ -313,15 +301,16 @@ Status mla_layer_project(const MlaLayerWeights& w, const ModelConfig& cfg, const
                          const TensorView& rope, ThreadPool* pool) {
   MLAKV_RETURN_IF_ERROR(check_geometry(cfg));
   MLAKV_RETURN_IF_ERROR(check_matches(w, cfg));
-  const int64_t D = w.hidden_size, H = w.num_heads, QL = w.q_lora_rank, L = w.kv_lora_rank, P = w.qk_nope_head_dim,
-                R = w.qk_rope_head_dim;
+  const MlaGeometry& geo = w.geometry;
+  const int64_t D = geo.hidden_size, H = geo.num_heads, QL = geo.q_lora_rank, L = geo.kv_lora_rank,
+                P = geo.qk_nope_head_dim, R = geo.qk_rope_head_dim;
   if (hidden.ndim != 2)
     return invalid_argument(fmt::format("hidden: expected [T, {}], got {}", D, hidden.shape_string()));
   const int64_t T = hidden.size(0);
-  MLAKV_RETURN_IF_ERROR(check_cpu_f32(hidden, "hidden", {T, D}));
-  MLAKV_RETURN_IF_ERROR(check_cpu_f32(q, "q", {T, H, L + R}));
-  MLAKV_RETURN_IF_ERROR(check_cpu_f32(latent, "latent", {T, L}));
-  MLAKV_RETURN_IF_ERROR(check_cpu_f32(rope, "rope", {T, R}));
+  MLAKV_RETURN_IF_ERROR(check_tensor(hidden, "hidden", {{DType::kF32}, {T, D}, Strides::kContiguous}, Device::cpu()));
+  MLAKV_RETURN_IF_ERROR(check_tensor(q, "q", {{DType::kF32}, {T, H, L + R}, Strides::kContiguous}, Device::cpu()));
+  MLAKV_RETURN_IF_ERROR(check_tensor(latent, "latent", {{DType::kF32}, {T, L}, Strides::kContiguous}, Device::cpu()));
+  MLAKV_RETURN_IF_ERROR(check_tensor(rope, "rope", {{DType::kF32}, {T, R}, Strides::kContiguous}, Device::cpu()));
   MLAKV_ASSIGN_OR_RETURN(std::vector<int64_t> pos, read_positions(positions, T));
   MLAKV_ASSIGN_OR_RETURN(rope::RopeTable table, rope::RopeTable::create(cfg.rope, static_cast<int>(R)));
   const bool long_factors = table.uses_long_factors(pos);
@@ -371,7 +360,8 @@ Status mla_layer_project(const MlaLayerWeights& w, const ModelConfig& cfg, const
 
 Status mla_layer_output(const MlaLayerWeights& w, const TensorView& attn_latent, const TensorView& out,
                         ThreadPool* pool) {
-  const int64_t D = w.hidden_size, H = w.num_heads, L = w.kv_lora_rank, V = w.v_head_dim;
+  const MlaGeometry& geo = w.geometry;
+  const int64_t D = geo.hidden_size, H = geo.num_heads, L = geo.kv_lora_rank, V = geo.v_head_dim;
   if (D < 1 || H < 1 || L < 1 || V < 1 || static_cast<int64_t>(w.w_uv.size()) != H * L * V ||
       static_cast<int64_t>(w.o_proj.size()) != D * H * V ||
       (!w.o_bias.empty() && static_cast<int64_t>(w.o_bias.size()) != D)) {
@@ -382,8 +372,8 @@ Status mla_layer_output(const MlaLayerWeights& w, const TensorView& attn_latent,
     return invalid_argument(fmt::format("attn_latent: expected [T, {}, {}], got {}", H, L, attn_latent.shape_string()));
   }
   const int64_t T = attn_latent.size(0);
-  MLAKV_RETURN_IF_ERROR(check_cpu_f32(attn_latent, "attn_latent", {T, H, L}));
-  MLAKV_RETURN_IF_ERROR(check_cpu_f32(out, "out", {T, D}));
+  MLAKV_RETURN_IF_ERROR(check_tensor(attn_latent, "attn_latent", {{DType::kF32}, {T, H, L}, Strides::kContiguous}, Device::cpu()));
+  MLAKV_RETURN_IF_ERROR(check_tensor(out, "out", {{DType::kF32}, {T, D}, Strides::kContiguous}, Device::cpu()));
   if (T > 0 && overlaps(attn_latent, out)) return invalid_argument("out: may not overlap attn_latent");
   const float* ol = attn_latent.ptr<const float>();
   std::vector<float> o(static_cast<std::size_t>(T * H * V));
@@ -401,7 +391,8 @@ Status mla_layer_forward(const MlaLayerWeights& w, const ModelConfig& cfg, Paged
                          const MlaForwardOptions& opt) {
   MLAKV_RETURN_IF_ERROR(check_geometry(cfg));
   MLAKV_RETURN_IF_ERROR(check_matches(w, cfg));
-  const int64_t D = w.hidden_size, H = w.num_heads, L = w.kv_lora_rank, R = w.qk_rope_head_dim;
+  const MlaGeometry& geo = w.geometry;
+  const int64_t D = geo.hidden_size, H = geo.num_heads, L = geo.kv_lora_rank, R = geo.qk_rope_head_dim;
   if (L != kLatentDim || R != kRopeDim) {
     return unimplemented(
         fmt::format("{}: the cached MLA layer needs kv_lora_rank {} and qk_rope_head_dim {} "
@@ -416,8 +407,8 @@ Status mla_layer_forward(const MlaLayerWeights& w, const ModelConfig& cfg, Paged
     return invalid_argument(fmt::format("hidden: expected [T, {}], got {}", D, hidden.shape_string()));
   const int64_t T = hidden.size(0);
   if (T < 1) return invalid_argument("hidden: T must be >= 1");
-  MLAKV_RETURN_IF_ERROR(check_cpu_f32(hidden, "hidden", {T, D}));
-  MLAKV_RETURN_IF_ERROR(check_cpu_f32(out, "out", {T, D}));
+  MLAKV_RETURN_IF_ERROR(check_tensor(hidden, "hidden", {{DType::kF32}, {T, D}, Strides::kContiguous}, Device::cpu()));
+  MLAKV_RETURN_IF_ERROR(check_tensor(out, "out", {{DType::kF32}, {T, D}, Strides::kContiguous}, Device::cpu()));
   if (overlaps(hidden, out)) return invalid_argument("out: may not overlap hidden");
   MLAKV_ASSIGN_OR_RETURN(CacheLayerView view, cache.storage().layer(cache_layer));
   if (view.latent_dim != L || view.rope_dim != R) {

@@ -64,24 +64,16 @@ Status tp_slice(const TensorView& in, int dim, int rank, int tp, const TensorVie
   return Status::Ok();
 }
 
-namespace {
-Status check_f32(const TensorView& t, std::string_view name, std::initializer_list<int64_t> shape) {
-  MLAKV_RETURN_IF_ERROR(check_tensor(t, name, {{DType::kF32}, shape}, Device::cpu()));
-  if (!t.is_contiguous()) return invalid_argument(fmt::format("{}: must be contiguous", name));
-  return Status::Ok();
-}
-}  // namespace
-
 Status tp_output_partial(const TensorView& o_lat, const TensorView& w_uv, const TensorView& o_proj,
                          const TensorView& partial) {
-  MLAKV_RETURN_IF_ERROR(check_f32(o_lat, "o_lat", {-1, -1, -1}));
+  MLAKV_RETURN_IF_ERROR(check_tensor(o_lat, "o_lat", {{DType::kF32}, {-1, -1, -1}, Strides::kContiguous}, Device::cpu()));
   const int64_t T = o_lat.size(0), Hr = o_lat.size(1), L = o_lat.size(2);
   if (Hr < 1 || L < 1) return invalid_argument(fmt::format("o_lat: heads and L must be >= 1, got {}", o_lat.shape_string()));
-  MLAKV_RETURN_IF_ERROR(check_f32(w_uv, "w_uv", {Hr, L, -1}));
+  MLAKV_RETURN_IF_ERROR(check_tensor(w_uv, "w_uv", {{DType::kF32}, {Hr, L, -1}, Strides::kContiguous}, Device::cpu()));
   const int64_t V = w_uv.size(2);
-  MLAKV_RETURN_IF_ERROR(check_f32(o_proj, "o_proj", {-1, Hr * V}));
+  MLAKV_RETURN_IF_ERROR(check_tensor(o_proj, "o_proj", {{DType::kF32}, {-1, Hr * V}, Strides::kContiguous}, Device::cpu()));
   const int64_t D = o_proj.size(0);
-  MLAKV_RETURN_IF_ERROR(check_f32(partial, "partial", {T, D}));
+  MLAKV_RETURN_IF_ERROR(check_tensor(partial, "partial", {{DType::kF32}, {T, D}, Strides::kContiguous}, Device::cpu()));
   const float* ol = o_lat.ptr<const float>();
   const float* wv = w_uv.ptr<const float>();
   const float* op = o_proj.ptr<const float>();
