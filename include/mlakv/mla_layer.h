@@ -17,8 +17,9 @@
 // OUTPUT does not depend on that choice.
 //
 // Arithmetic: weights and activations are float32; every matmul accumulates in float64
-// and rounds once, so the layer is at least as accurate as a float32 framework (the
-// HF parity tests check this against transformers in float32 and float64).
+// and rounds once (W_UV and o_proj together: the per-head W_UV products stay float64),
+// so the layer is at least as accurate as a float32 framework (the HF parity tests
+// check this against transformers in float32 and float64).
 //
 // All functions validate their arguments and return a Status naming the problem; none
 // throws or aborts.

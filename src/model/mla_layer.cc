@@ -8,6 +8,7 @@
 #include <cstring>
 #include <functional>
 
+#include "cpu/output_projection.h"
 #include "model/rope.h"
 #include "mlakv/attention.h"
 #include "mlakv/numerics.h"
@@ -375,14 +376,8 @@ Status mla_layer_output(const MlaLayerWeights& w, const TensorView& attn_latent,
   MLAKV_RETURN_IF_ERROR(check_tensor(attn_latent, "attn_latent", {{DType::kF32}, {T, H, L}, Strides::kContiguous}, Device::cpu()));
   MLAKV_RETURN_IF_ERROR(check_tensor(out, "out", {{DType::kF32}, {T, D}, Strides::kContiguous}, Device::cpu()));
   if (T > 0 && overlaps(attn_latent, out)) return invalid_argument("out: may not overlap attn_latent");
-  const float* ol = attn_latent.ptr<const float>();
-  std::vector<float> o(static_cast<std::size_t>(T * H * V));
-  parallel(pool, T * H, [&](int64_t item) {
-    const int64_t h = item % H;
-    std::vector<double> acc(static_cast<std::size_t>(V));
-    vecmat(ol + item * L, w.w_uv.data() + h * L * V, L, V, acc.data(), o.data() + item * V);
-  });
-  linear(w.o_proj, w.o_bias, D, H * V, o.data(), H * V, T, out.ptr<float>(), D, pool);
+  mla_output_projection(attn_latent.ptr<const float>(), w.w_uv.data(), w.o_proj.data(),
+                        w.o_bias.empty() ? nullptr : w.o_bias.data(), T, H, L, V, D, out.ptr<float>(), pool);
   return Status::Ok();
 }
 

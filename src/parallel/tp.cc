@@ -5,6 +5,7 @@
 #include <cstring>
 #include <vector>
 
+#include "cpu/output_projection.h"
 #include "mlakv/parallel.h"
 
 namespace mlakv {
@@ -74,26 +75,8 @@ Status tp_output_partial(const TensorView& o_lat, const TensorView& w_uv, const 
   MLAKV_RETURN_IF_ERROR(check_tensor(o_proj, "o_proj", {{DType::kF32}, {-1, Hr * V}, Strides::kContiguous}, Device::cpu()));
   const int64_t D = o_proj.size(0);
   MLAKV_RETURN_IF_ERROR(check_tensor(partial, "partial", {{DType::kF32}, {T, D}, Strides::kContiguous}, Device::cpu()));
-  const float* ol = o_lat.ptr<const float>();
-  const float* wv = w_uv.ptr<const float>();
-  const float* op = o_proj.ptr<const float>();
-  std::vector<double> z(static_cast<std::size_t>(Hr * V));  // concat_h o_lat[t][h] @ W_UV[h], one token
-  for (int64_t t = 0; t < T; ++t) {
-    std::fill(z.begin(), z.end(), 0.0);
-    for (int64_t h = 0; h < Hr; ++h) {
-      for (int64_t l = 0; l < L; ++l) {
-        const double a = ol[(t * Hr + h) * L + l];
-        const float* w = wv + (h * L + l) * V;
-        for (int64_t v = 0; v < V; ++v) z[static_cast<std::size_t>(h * V + v)] += a * w[v];
-      }
-    }
-    for (int64_t d = 0; d < D; ++d) {
-      double acc = 0;
-      const float* w = op + d * Hr * V;
-      for (int64_t k = 0; k < Hr * V; ++k) acc += static_cast<double>(w[k]) * z[static_cast<std::size_t>(k)];
-      partial.ptr<float>()[t * D + d] = static_cast<float>(acc);
-    }
-  }
+  mla_output_projection(o_lat.ptr<const float>(), w_uv.ptr<const float>(), o_proj.ptr<const float>(), nullptr, T, Hr,
+                        L, V, D, partial.ptr<float>(), nullptr);
   return Status::Ok();
 }
 
