@@ -6,9 +6,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <functional>
 
-#include "cpu/output_projection.h"
+#include "cpu/ops/linear.h"
 #include "model/rope.h"
 #include "mlakv/attention.h"
 #include "mlakv/numerics.h"
@@ -19,53 +18,8 @@ namespace {
 
 constexpr int64_t kMaxDim = int64_t{1} << 17;  // any single dimension (D = 7168, H*(P+R) = 24576 today)
 
-void parallel(ThreadPool* pool, int64_t n, const std::function<void(int64_t)>& fn) {
-  if (pool == nullptr || n <= 1) {
-    for (int64_t i = 0; i < n; ++i) fn(i);
-    return;
-  }
-  pool->parallel_for(n, [&](int64_t i, int) { fn(i); });
-}
-
-double dot(const float* a, const float* b, int64_t n) {
-  double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-  int64_t k = 0;
-  for (; k + 4 <= n; k += 4) {
-    s0 += static_cast<double>(a[k]) * b[k];
-    s1 += static_cast<double>(a[k + 1]) * b[k + 1];
-    s2 += static_cast<double>(a[k + 2]) * b[k + 2];
-    s3 += static_cast<double>(a[k + 3]) * b[k + 3];
-  }
-  for (; k < n; ++k) s0 += static_cast<double>(a[k]) * b[k];
-  return (s0 + s1) + (s2 + s3);
-}
-
-// y[t, n] = sum_k W[n, k] x[t, k] + b[n]: W [N, K], x [T, K] (row stride xs), y [T, N]
-// (row stride ys). Threads take blocks of output rows so each weight row is read once
-// per block of tokens.
-void linear(const std::vector<float>& W, const std::vector<float>& b, int64_t N, int64_t K, const float* x, int64_t xs,
-            int64_t T, float* y, int64_t ys, ThreadPool* pool) {
-  constexpr int64_t kRows = 16;
-  parallel(pool, (N + kRows - 1) / kRows, [&](int64_t blk) {
-    const int64_t n1 = std::min(N, (blk + 1) * kRows);
-    for (int64_t n = blk * kRows; n < n1; ++n) {
-      const float* w = W.data() + n * K;
-      const double bias = b.empty() ? 0.0 : static_cast<double>(b[static_cast<std::size_t>(n)]);
-      for (int64_t t = 0; t < T; ++t) y[t * ys + n] = static_cast<float>(dot(w, x + t * xs, K) + bias);
-    }
-  });
-}
-
-// y[n] = sum_k x[k] W[k, n]: x [K], W [K, N] row-major, accumulated in float64.
-void vecmat(const float* x, const float* W, int64_t K, int64_t N, double* acc, float* y) {
-  std::fill(acc, acc + N, 0.0);
-  for (int64_t k = 0; k < K; ++k) {
-    const double xk = x[k];
-    const float* w = W + k * N;
-    for (int64_t n = 0; n < N; ++n) acc[n] += xk * w[n];
-  }
-  for (int64_t n = 0; n < N; ++n) y[n] = static_cast<float>(acc[n]);
-}
+// An optional weight (a bias): its data, or nullptr when the checkpoint has none.
+const float* data_or_null(const std::vector<float>& v) { return v.empty() ? nullptr : v.data(); }
 
 // x / sqrt(mean(x^2) + eps) * weight, in float64, one rounding.
 void rms_norm(const float* x, const std::vector<float>& weight, double eps, int64_t n, float* y) {
@@ -327,16 +281,16 @@ Status mla_layer_project(const MlaLayerWeights& w, const ModelConfig& cfg, const
   std::vector<float> q_full(static_cast<std::size_t>(T * QW));
   if (QL > 0) {
     std::vector<float> qa(static_cast<std::size_t>(T * QL));
-    linear(w.q_a_proj, w.q_a_bias, QL, D, x, D, T, qa.data(), QL, pool);
+    cpu::linear(w.q_a_proj.data(), data_or_null(w.q_a_bias), QL, D, x, D, T, qa.data(), QL, pool);
     for (int64_t t = 0; t < T; ++t) rms_norm(qa.data() + t * QL, w.q_a_norm, cfg.q_norm_eps, QL, qa.data() + t * QL);
-    linear(w.q_b_proj, {}, QW, QL, qa.data(), QL, T, q_full.data(), QW, pool);
+    cpu::linear(w.q_b_proj.data(), nullptr, QW, QL, qa.data(), QL, T, q_full.data(), QW, pool);
   } else {
-    linear(w.q_proj, {}, QW, D, x, D, T, q_full.data(), QW, pool);
+    cpu::linear(w.q_proj.data(), nullptr, QW, D, x, D, T, q_full.data(), QW, pool);
   }
 
   // kv path: [c | k_pe] -> latent = rmsnorm(c), rope = rotate(k_pe)
   std::vector<float> kv(static_cast<std::size_t>(T * (L + R)));
-  linear(w.kv_a_proj, w.kv_a_bias, L + R, D, x, D, T, kv.data(), L + R, pool);
+  cpu::linear(w.kv_a_proj.data(), data_or_null(w.kv_a_bias), L + R, D, x, D, T, kv.data(), L + R, pool);
   float* lat = latent.ptr<float>();
   float* kr = rope.ptr<float>();
   for (int64_t t = 0; t < T; ++t) {
@@ -347,12 +301,12 @@ Status mla_layer_project(const MlaLayerWeights& w, const ModelConfig& cfg, const
 
   // q_lat[h] = q_nope[h] @ W_UK_T[h]; q_pe rotated.
   float* qo = q.ptr<float>();
-  parallel(pool, T * H, [&](int64_t item) {
+  cpu::parallel_items(pool, T * H, [&](int64_t item) {
     const int64_t t = item / H, h = item % H;
     const float* qh = q_full.data() + t * QW + h * (P + R);
     float* dst = qo + (t * H + h) * (L + R);
     std::vector<double> acc(static_cast<std::size_t>(L));
-    vecmat(qh, w.w_uk_t.data() + h * P * L, P, L, acc.data(), dst);
+    cpu::vecmat(qh, w.w_uk_t.data() + h * P * L, P, L, acc.data(), dst);
     std::copy_n(qh + P, R, dst + L);
     table.rotate(dst + L, pos[static_cast<std::size_t>(t)], long_factors);
   });
@@ -376,8 +330,8 @@ Status mla_layer_output(const MlaLayerWeights& w, const TensorView& attn_latent,
   MLAKV_RETURN_IF_ERROR(check_tensor(attn_latent, "attn_latent", {{DType::kF32}, {T, H, L}, Strides::kContiguous}, Device::cpu()));
   MLAKV_RETURN_IF_ERROR(check_tensor(out, "out", {{DType::kF32}, {T, D}, Strides::kContiguous}, Device::cpu()));
   if (T > 0 && overlaps(attn_latent, out)) return invalid_argument("out: may not overlap attn_latent");
-  mla_output_projection(attn_latent.ptr<const float>(), w.w_uv.data(), w.o_proj.data(),
-                        w.o_bias.empty() ? nullptr : w.o_bias.data(), T, H, L, V, D, out.ptr<float>(), pool);
+  cpu::mla_output_projection(attn_latent.ptr<const float>(), w.w_uv.data(), w.o_proj.data(), data_or_null(w.o_bias), T,
+                             H, L, V, D, out.ptr<float>(), pool);
   return Status::Ok();
 }
 

@@ -5,7 +5,7 @@
 #include <cstring>
 #include <vector>
 
-#include "cpu/output_projection.h"
+#include "cpu/ops/linear.h"
 #include "mlakv/parallel.h"
 
 namespace mlakv {
@@ -75,8 +75,8 @@ Status tp_output_partial(const TensorView& o_lat, const TensorView& w_uv, const 
   MLAKV_RETURN_IF_ERROR(check_tensor(o_proj, "o_proj", {{DType::kF32}, {-1, Hr * V}, Strides::kContiguous}, Device::cpu()));
   const int64_t D = o_proj.size(0);
   MLAKV_RETURN_IF_ERROR(check_tensor(partial, "partial", {{DType::kF32}, {T, D}, Strides::kContiguous}, Device::cpu()));
-  mla_output_projection(o_lat.ptr<const float>(), w_uv.ptr<const float>(), o_proj.ptr<const float>(), nullptr, T, Hr,
-                        L, V, D, partial.ptr<float>(), nullptr);
+  cpu::mla_output_projection(o_lat.ptr<const float>(), w_uv.ptr<const float>(), o_proj.ptr<const float>(), nullptr, T,
+                             Hr, L, V, D, partial.ptr<float>(), nullptr);
   return Status::Ok();
 }
 
