@@ -22,6 +22,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <random>
@@ -930,27 +931,33 @@ TEST(AbsorbCli, ReportJsonCarriesTheLibraryFigures) {
   EXPECT_NE(std::system(bad.c_str()), 0);
 }
 
+// A checkpoint directory under TempDir(): config.json (the tiny kv_b_proj geometry with
+// `layers` layers and the given quantization_config JSON) and model.safetensors with
+// `m`'s tensors. Returns the directory.
+std::string write_tiny_checkpoint(const std::string& name, int layers, const std::string& quantization_config,
+                                  const TensorMap& m) {
+  const std::string dir = ::testing::TempDir() + name + "_" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/config.json", std::ios::binary)
+      << R"({"model_type": "deepseek_v3", "hidden_size": 8, "num_hidden_layers": )" << layers
+      << R"(, "num_attention_heads": 2, "kv_lora_rank": 4, "qk_nope_head_dim": 3, "qk_rope_head_dim": 2,
+      "v_head_dim": 2, "q_lora_rank": null, "num_nextn_predict_layers": 0, "rope_theta": 10000,
+      "quantization_config": )"
+      << quantization_config << "}";
+  std::vector<std::pair<std::string, TensorView>> tensors;
+  for (const std::string& n : m.names()) tensors.emplace_back(n, *m.find(n));
+  EXPECT_TRUE(write_safetensors(dir + "/model.safetensors", tensors).ok());
+  return dir;
+}
+
 TEST(AbsorbCli, CheckpointDirectoryWithItsQuantizationConfig) {
   // A two-layer checkpoint: config.json (fp8 blocks of 4 x 2 rows x columns, which only
   // its quantization_config says) and model.safetensors with the hand-worked fp8 layer.
-  const std::string dir = ::testing::TempDir() + "absorb_ckpt_" + std::to_string(::getpid());
-  std::filesystem::create_directories(dir);
-  {
-    std::FILE* f = std::fopen((dir + "/config.json").c_str(), "wb");
-    ASSERT_NE(f, nullptr);
-    const std::string cfg = R"({"model_type": "deepseek_v3", "hidden_size": 8, "num_hidden_layers": 2,
-      "num_attention_heads": 2, "kv_lora_rank": 4, "qk_nope_head_dim": 3, "qk_rope_head_dim": 2, "v_head_dim": 2,
-      "q_lora_rank": null, "num_nextn_predict_layers": 0, "rope_theta": 10000,
-      "quantization_config": {"quant_method": "fp8", "weight_block_size": [4, 2]}})";
-    std::fwrite(cfg.data(), 1, cfg.size(), f);
-    std::fclose(f);
-  }
   TensorMap m;
   add_fp8(m, 0);
   add_fp8(m, 1);
-  std::vector<std::pair<std::string, TensorView>> tensors;
-  for (const std::string& n : m.names()) tensors.emplace_back(n, *m.find(n));
-  ASSERT_TRUE(write_safetensors(dir + "/model.safetensors", tensors).ok());
+  const std::string dir =
+      write_tiny_checkpoint("absorb_ckpt", 2, R"({"quant_method": "fp8", "weight_block_size": [4, 2]})", m);
 
   const std::string cli = std::string(MLAKV_CLI_PATH);
   const std::string out = dir + "/out.json", err = dir + "/err.txt", absorbed = dir + "/absorbed.safetensors";
@@ -987,22 +994,9 @@ TEST(AbsorbCli, CheckpointDirectoryWithItsQuantizationConfig) {
 TEST(AbsorbCli, NullQuantizationConfigIsADenseCheckpoint) {
   // `"quantization_config": null` (what some exporters write for a dense model) reads as
   // no quantization_config at all: the bf16 layers are detected and absorbed.
-  const std::string dir = ::testing::TempDir() + "absorb_null_q_" + std::to_string(::getpid());
-  std::filesystem::create_directories(dir);
-  {
-    std::FILE* f = std::fopen((dir + "/config.json").c_str(), "wb");
-    ASSERT_NE(f, nullptr);
-    const std::string cfg = R"({"model_type": "deepseek_v3", "hidden_size": 8, "num_hidden_layers": 1,
-      "num_attention_heads": 2, "kv_lora_rank": 4, "qk_nope_head_dim": 3, "qk_rope_head_dim": 2, "v_head_dim": 2,
-      "q_lora_rank": null, "num_nextn_predict_layers": 0, "rope_theta": 10000, "quantization_config": null})";
-    std::fwrite(cfg.data(), 1, cfg.size(), f);
-    std::fclose(f);
-  }
   TensorMap m;
   add_dense(m, 0);
-  std::vector<std::pair<std::string, TensorView>> tensors;
-  for (const std::string& n : m.names()) tensors.emplace_back(n, *m.find(n));
-  ASSERT_TRUE(write_safetensors(dir + "/model.safetensors", tensors).ok());
+  const std::string dir = write_tiny_checkpoint("absorb_null_q", 1, "null", m);
   const std::string cli = std::string(MLAKV_CLI_PATH);
   const std::string out = dir + "/out.json", err = dir + "/err.txt", absorbed = dir + "/absorbed.safetensors";
   ASSERT_EQ(std::system((cli + " absorb " + dir + " --json --dtype f32 --out " + absorbed + " >" + out + " 2>" + err)

@@ -41,12 +41,11 @@
 #include <cctype>
 #include <cmath>
 #include <cstring>
-#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
-#include "core/file_io.h"
+#include "io/config_json.h"
 #include "mlakv/numerics.h"
 
 namespace mlakv {
@@ -597,12 +596,8 @@ StatusOr<WeightQuantOptions> parse_checkpoint_quant_options(std::string_view con
 }
 
 StatusOr<WeightQuantOptions> load_checkpoint_quant_options(const std::string& path) {
-  std::string file = path;
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) file = (std::filesystem::path(path) / "config.json").string();
-  MLAKV_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, io::read_file(file));
-  return parse_checkpoint_quant_options(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()),
-                                        file);
+  MLAKV_ASSIGN_OR_RETURN(const io::ConfigJson c, io::read_config_json(path));
+  return parse_checkpoint_quant_options(c.text, c.file);
 }
 
 StatusOr<WeightEncoding> detect_weight_encoding(const TensorSource& src, std::string_view prefix) {
