@@ -92,7 +92,8 @@ ModelConfig tiny_config(int layers, int H = 2, int P = 3, int V = 2, int L = 4) 
   return c;
 }
 
-const MlaGeometry kTiny{.num_heads = 2, .kv_lora_rank = 4, .qk_nope_head_dim = 3, .v_head_dim = 2};  // kv_b_proj [10, 4]
+const MlaGeometry kTiny{
+    .num_heads = 2, .kv_lora_rank = 4, .qk_nope_head_dim = 3, .v_head_dim = 2};  // kv_b_proj [10, 4]
 
 // Dense f32 kv_b_proj [10, 4] with W[n][k] = 10 n + k + offset.
 void add_dense(TensorMap& m, int layer, float offset = 0) {
@@ -859,7 +860,9 @@ TEST(AbsorbErrors, InvalidOptionsAndGeometry) {
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.message().find("scratch_dtype i32"), std::string::npos) << st.message();
   opt.scratch_dtype.reset();
-  st = absorb_kv_b_proj(m, kvb(0), MlaGeometry{.num_heads = 2, .kv_lora_rank = 4, .qk_nope_head_dim = 0, .v_head_dim = 2}, alloc, opt, layer);
+  st = absorb_kv_b_proj(m, kvb(0),
+                        MlaGeometry{.num_heads = 2, .kv_lora_rank = 4, .qk_nope_head_dim = 0, .v_head_dim = 2}, alloc,
+                        opt, layer);
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.message().find("qk_nope_head_dim 0"), std::string::npos) << st.message();
   EXPECT_EQ(alloc.stats().num_backing_allocs, 0u);
@@ -999,8 +1002,8 @@ TEST(AbsorbCli, NullQuantizationConfigIsADenseCheckpoint) {
   const std::string dir = write_tiny_checkpoint("absorb_null_q", 1, "null", m);
   const std::string cli = std::string(MLAKV_CLI_PATH);
   const std::string out = dir + "/out.json", err = dir + "/err.txt", absorbed = dir + "/absorbed.safetensors";
-  ASSERT_EQ(std::system((cli + " absorb " + dir + " --json --dtype f32 --out " + absorbed + " >" + out + " 2>" + err)
-                            .c_str()),
+  ASSERT_EQ(std::system(
+                (cli + " absorb " + dir + " --json --dtype f32 --out " + absorbed + " >" + out + " 2>" + err).c_str()),
             0)
       << slurp(err);
   const nlohmann::json j = nlohmann::json::parse(slurp(out));

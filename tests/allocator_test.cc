@@ -117,7 +117,9 @@ char* base(const Allocation& a) { return static_cast<char*>(a.data()); }
 
 // ---- byte patterns --------------------------------------------------------------------
 
-uint64_t pattern_word(uint64_t id, std::size_t k) { return splitmix64(id) ^ (static_cast<uint64_t>(k) * 0xD6E8FEB86659FD93ull); }
+uint64_t pattern_word(uint64_t id, std::size_t k) {
+  return splitmix64(id) ^ (static_cast<uint64_t>(k) * 0xD6E8FEB86659FD93ull);
+}
 
 // Fills the first `n` bytes of p with allocation `id`'s pattern.
 void fill(void* p, std::size_t n, uint64_t id) {

@@ -23,7 +23,8 @@ TEST(CheckDeathTest, FailingCheckPrintsFileLineConditionAndAborts) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   const int two = 2;
   EXPECT_DEATH(MLAKV_CHECK(two == 3), "core_test\\.cc:[0-9]+: MLAKV_CHECK failed: two == 3\n");
-  EXPECT_DEATH(MLAKV_CHECK(two < 0, "the reason"), "core_test\\.cc:[0-9]+: MLAKV_CHECK failed: two < 0 \\(the reason\\)");
+  EXPECT_DEATH(MLAKV_CHECK(two < 0, "the reason"),
+               "core_test\\.cc:[0-9]+: MLAKV_CHECK failed: two < 0 \\(the reason\\)");
 }
 
 #ifdef NDEBUG

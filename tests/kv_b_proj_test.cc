@@ -738,8 +738,9 @@ TEST(WeightDequant, KvBProjPerHeadView) {
   }
   expect_error(dequantize_kv_b_proj(m, kPrefix, geo, {}, TensorView::contiguous(out.data(), DType::kF32, {2, 9, 16})),
                StatusCode::kInvalidArgument, {"out", "[2, 8, 16]"});
-  expect_error(dequantize_kv_b_proj(m, kPrefix, MlaGeometry{.num_heads = 2, .kv_lora_rank = 16, .qk_nope_head_dim = 0, .v_head_dim = 5}, {},
-                                    TensorView::contiguous(out.data(), DType::kF32, {2, 8, 16})),
+  expect_error(dequantize_kv_b_proj(
+                   m, kPrefix, MlaGeometry{.num_heads = 2, .kv_lora_rank = 16, .qk_nope_head_dim = 0, .v_head_dim = 5},
+                   {}, TensorView::contiguous(out.data(), DType::kF32, {2, 8, 16})),
                StatusCode::kInvalidArgument, {"qk_nope_head_dim 0"});
 }
 

@@ -103,7 +103,7 @@ StatusOr<KvBProjStorage> resolve_kv_b_proj_storage(const TensorSource& src, std:
 // outlive it. Move-only.
 struct AbsorbedLayer {
   int layer = -1;                 // decoder layer index (-1 when absorbed on its own)
-  MlaGeometry geometry;           // H = the heads of this rank; the pair is [H, P, L], [H, L, V]
+  MlaGeometry geometry;  // H = the heads of this rank; the pair is [H, P, L], [H, L, V]
   DType dtype = DType::kBF16;     // of W_UK_T and W_UV
   Device device;                  // where the pair lives: the allocator's device
   WeightEncoding source_encoding = WeightEncoding::kDense;

@@ -48,7 +48,6 @@ struct MlaLayerWeights {
   int layer = -1;
   MlaGeometry geometry;  // D, H, q_lora, L, P, R, V of the vectors below
 
-
   std::vector<float> q_a_proj;   // [q_lora, D]      (q_lora > 0)
   std::vector<float> q_a_bias;   // [q_lora] or empty
   std::vector<float> q_a_norm;   // [q_lora]         (q_lora > 0)

@@ -327,7 +327,8 @@ Status mla_layer_output(const MlaLayerWeights& w, const TensorView& attn_latent,
     return invalid_argument(fmt::format("attn_latent: expected [T, {}, {}], got {}", H, L, attn_latent.shape_string()));
   }
   const int64_t T = attn_latent.size(0);
-  MLAKV_RETURN_IF_ERROR(check_tensor(attn_latent, "attn_latent", {{DType::kF32}, {T, H, L}, Strides::kContiguous}, Device::cpu()));
+  MLAKV_RETURN_IF_ERROR(
+      check_tensor(attn_latent, "attn_latent", {{DType::kF32}, {T, H, L}, Strides::kContiguous}, Device::cpu()));
   MLAKV_RETURN_IF_ERROR(check_tensor(out, "out", {{DType::kF32}, {T, D}, Strides::kContiguous}, Device::cpu()));
   if (T > 0 && overlaps(attn_latent, out)) return invalid_argument("out: may not overlap attn_latent");
   cpu::mla_output_projection(attn_latent.ptr<const float>(), w.w_uv.data(), w.o_proj.data(), data_or_null(w.o_bias), T,

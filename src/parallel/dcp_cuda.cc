@@ -38,7 +38,8 @@ Status dcp_combine(Communicator& comm, const TensorView& out_part, const TensorV
   MLAKV_RETURN_IF_ERROR(cuda_status(cudaSetDevice(dev.index), "cudaSetDevice"));  // the kernels launch here
   MLAKV_RETURN_IF_ERROR(check_tensor(out_part, "out_part", {{DType::kF32}, {-1, -1, -1, kLatentDim}}, dev));
   const int64_t B = out_part.size(0), s_q = out_part.size(1), H = out_part.size(2);
-  MLAKV_RETURN_IF_ERROR(check_tensor(out_part, "out_part", {{DType::kF32}, {B, s_q, H, kLatentDim}, Strides::kContiguous}, dev));
+  MLAKV_RETURN_IF_ERROR(
+      check_tensor(out_part, "out_part", {{DType::kF32}, {B, s_q, H, kLatentDim}, Strides::kContiguous}, dev));
   MLAKV_RETURN_IF_ERROR(check_tensor(lse_part, "lse_part", {{DType::kF32}, {B, s_q, H}, Strides::kContiguous}, dev));
   if (mode == DcpCombine::kReduceScatterHeads && H % P != 0) {
     return invalid_argument(fmt::format("cuda::dcp_combine: reduce-scatter over heads needs H ({}) divisible by dcp ({})", H, P));

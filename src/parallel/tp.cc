@@ -67,12 +67,14 @@ Status tp_slice(const TensorView& in, int dim, int rank, int tp, const TensorVie
 
 Status tp_output_partial(const TensorView& o_lat, const TensorView& w_uv, const TensorView& o_proj,
                          const TensorView& partial) {
-  MLAKV_RETURN_IF_ERROR(check_tensor(o_lat, "o_lat", {{DType::kF32}, {-1, -1, -1}, Strides::kContiguous}, Device::cpu()));
+  MLAKV_RETURN_IF_ERROR(
+      check_tensor(o_lat, "o_lat", {{DType::kF32}, {-1, -1, -1}, Strides::kContiguous}, Device::cpu()));
   const int64_t T = o_lat.size(0), Hr = o_lat.size(1), L = o_lat.size(2);
   if (Hr < 1 || L < 1) return invalid_argument(fmt::format("o_lat: heads and L must be >= 1, got {}", o_lat.shape_string()));
   MLAKV_RETURN_IF_ERROR(check_tensor(w_uv, "w_uv", {{DType::kF32}, {Hr, L, -1}, Strides::kContiguous}, Device::cpu()));
   const int64_t V = w_uv.size(2);
-  MLAKV_RETURN_IF_ERROR(check_tensor(o_proj, "o_proj", {{DType::kF32}, {-1, Hr * V}, Strides::kContiguous}, Device::cpu()));
+  MLAKV_RETURN_IF_ERROR(
+      check_tensor(o_proj, "o_proj", {{DType::kF32}, {-1, Hr * V}, Strides::kContiguous}, Device::cpu()));
   const int64_t D = o_proj.size(0);
   MLAKV_RETURN_IF_ERROR(check_tensor(partial, "partial", {{DType::kF32}, {T, D}, Strides::kContiguous}, Device::cpu()));
   cpu::mla_output_projection(o_lat.ptr<const float>(), w_uv.ptr<const float>(), o_proj.ptr<const float>(), nullptr, T,

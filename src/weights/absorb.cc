@@ -274,9 +274,9 @@ std::string incompatibility(const AbsorbedLayer& layer, const MlaGeometry& g, DT
 }
 
 // absorb_kv_b_proj once the storage is resolved (`st` describes `src` under `p`).
-Status absorb_resolved(const TensorSource& src, const std::string& p, const KvBProjStorage& st,
-                       const MlaGeometry& geo, CachingAllocator& alloc, const AbsorbOptions& opt,
-                       AbsorbedLayer& layer, LayerStorageChange* change) {
+Status absorb_resolved(const TensorSource& src, const std::string& p, const KvBProjStorage& st, const MlaGeometry& geo,
+                       CachingAllocator& alloc, const AbsorbOptions& opt, AbsorbedLayer& layer,
+                       LayerStorageChange* change) {
   if (opt.path == AbsorbPath::kQuantizedBmm) {
     // Nothing to allocate: the backend reads the checkpoint's storage where it lives.
     LayerStorageChange c{layer.layer, layer.has_pair(), false, ""};
@@ -365,8 +365,8 @@ Status absorb_resolved(const TensorSource& src, const std::string& p, const KvBP
   if (!opt.placement_only) {
     WeightQuantOptions q = opt.quant;
     q.encoding = st.encoding;
-    MLAKV_RETURN_IF_ERROR(dequantize_kv_b_proj(*deq_src, p, geo, q,
-                                               TensorView::contiguous(scratch->data(), sdt, {geo.kv_b_rows(), L})));
+    MLAKV_RETURN_IF_ERROR(
+        dequantize_kv_b_proj(*deq_src, p, geo, q, TensorView::contiguous(scratch->data(), sdt, {geo.kv_b_rows(), L})));
   }
   staged.clear();  // the quantized copies are done with once dequantized
 
@@ -412,8 +412,8 @@ StatusOr<TensorView> row_slice(const TensorView& t, const std::string& name, int
 // The rank's share of the layer under `p`: row slices of the N-major tensors, the
 // per-tensor scalars as they are.
 StatusOr<std::unique_ptr<ViewSource>> shard_layer(const TensorSource& src, const std::string& p,
-                                                  const KvBProjStorage& st, const MlaGeometry& full, int tp,
-                                                  int rank, const WeightQuantOptions& quant) {
+                                                  const KvBProjStorage& st, const MlaGeometry& full, int tp, int rank,
+                                                  const WeightQuantOptions& quant) {
   if (st.encoding == WeightEncoding::kGptq || st.encoding == WeightEncoding::kAwq) {
     return unimplemented(fmt::format(
         "{}: tensor-parallel slicing of a {} kv_b_proj (output columns of qweight) is not implemented; use tp 1",
@@ -670,8 +670,7 @@ StatusOr<AbsorbMemoryReport> measure_absorb_memory(const TensorSource& src, cons
   report.encoding = plan.layers[0].storage.encoding;
   const MlaGeometry& g = plan.rank;
   const DType sdt = opt.absorb.scratch_dtype.value_or(opt.absorb.dtype);
-  report.pair_bytes_per_layer = static_cast<std::size_t>(g.kv_b_rows() * g.kv_lora_rank) *
-                                dtype_size(opt.absorb.dtype);
+  report.pair_bytes_per_layer = static_cast<std::size_t>(g.kv_b_rows() * g.kv_lora_rank) * dtype_size(opt.absorb.dtype);
   report.scratch_bytes_per_layer = static_cast<std::size_t>(g.kv_b_rows() * g.kv_lora_rank) * dtype_size(sdt);
   for (std::size_t b : quantized[plan.layers[0].index]) report.quantized_bytes_per_layer += b;
 

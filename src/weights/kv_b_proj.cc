@@ -198,7 +198,8 @@ std::array<float, 256> e4m3_table() {
 template <class Sink>
 Status decode_dense(const Layer& l, int64_t N, int64_t K, Sink& out) {
   MLAKV_ASSIGN_OR_RETURN(const TensorView w, l.need("weight"));
-  MLAKV_RETURN_IF_ERROR(check_tensor(w, l.name("weight"), {{DType::kBF16, DType::kF16, DType::kF32}, {N, K}, Strides::kContiguous}, Device::cpu()));
+  MLAKV_RETURN_IF_ERROR(check_tensor(
+      w, l.name("weight"), {{DType::kBF16, DType::kF16, DType::kF32}, {N, K}, Strides::kContiguous}, Device::cpu()));
   const auto* b = w.ptr<const uint8_t>();
   for (int64_t n = 0; n < N; ++n) {
     const int64_t row = n * K;
@@ -226,8 +227,10 @@ Status decode_fp8_block(const Layer& l, int64_t N, int64_t K, const WeightQuantO
   const int64_t sr = (N + bn - 1) / bn, sc = (K + bk - 1) / bk;
   MLAKV_ASSIGN_OR_RETURN(const TensorView w, l.need("weight"));
   MLAKV_ASSIGN_OR_RETURN(const TensorView s, l.need("weight_scale_inv"));
-  MLAKV_RETURN_IF_ERROR(check_tensor(w, l.name("weight"), {{DType::kF8E4M3}, {N, K}, Strides::kContiguous}, Device::cpu()));
-  MLAKV_RETURN_IF_ERROR(check_tensor(s, l.name("weight_scale_inv"), {{DType::kF32, DType::kBF16}, {sr, sc}, Strides::kContiguous}, Device::cpu()));
+  MLAKV_RETURN_IF_ERROR(
+      check_tensor(w, l.name("weight"), {{DType::kF8E4M3}, {N, K}, Strides::kContiguous}, Device::cpu()));
+  MLAKV_RETURN_IF_ERROR(check_tensor(s, l.name("weight_scale_inv"),
+                                     {{DType::kF32, DType::kBF16}, {sr, sc}, Strides::kContiguous}, Device::cpu()));
   MLAKV_RETURN_IF_ERROR(check_finite_scales(s, l.name("weight_scale_inv")));
 
   const std::array<float, 256> lut = e4m3_table();
@@ -257,8 +260,10 @@ Status decode_nvfp4(const Layer& l, int64_t N, int64_t K, Sink& out) {
   MLAKV_ASSIGN_OR_RETURN(const TensorView w, l.need(packed_name));
   MLAKV_ASSIGN_OR_RETURN(const TensorView s, l.need("weight_scale"));
   MLAKV_ASSIGN_OR_RETURN(const TensorView g, l.need(tensor_scale_name));
-  MLAKV_RETURN_IF_ERROR(check_tensor(w, l.name(packed_name), {{DType::kU8}, {N, K / 2}, Strides::kContiguous}, Device::cpu()));
-  MLAKV_RETURN_IF_ERROR(check_tensor(s, l.name("weight_scale"), {{DType::kF8E4M3}, {N, groups}, Strides::kContiguous}, Device::cpu()));
+  MLAKV_RETURN_IF_ERROR(
+      check_tensor(w, l.name(packed_name), {{DType::kU8}, {N, K / 2}, Strides::kContiguous}, Device::cpu()));
+  MLAKV_RETURN_IF_ERROR(
+      check_tensor(s, l.name("weight_scale"), {{DType::kF8E4M3}, {N, groups}, Strides::kContiguous}, Device::cpu()));
   MLAKV_RETURN_IF_ERROR(check_e4m3_scales(s, l.name("weight_scale")));
   MLAKV_ASSIGN_OR_RETURN(const float tensor_scale, positive_scalar(g, l.name(tensor_scale_name)));
 
@@ -348,7 +353,8 @@ StatusOr<Int4Groups> load_int4_groups(const Layer& l, int64_t N, int64_t K, cons
   if (out.groups <= 0) {
     return invalid_argument(fmt::format("{}: expected at least one group row, got shape {}", sname, s.shape_string()));
   }
-  MLAKV_RETURN_IF_ERROR(check_tensor(z, zname, {{DType::kI32}, {out.groups, N / kInt4PerWord}, Strides::kContiguous}, Device::cpu()));
+  MLAKV_RETURN_IF_ERROR(
+      check_tensor(z, zname, {{DType::kI32}, {out.groups, N / kInt4PerWord}, Strides::kContiguous}, Device::cpu()));
   MLAKV_RETURN_IF_ERROR(check_finite_scales(s, sname));
 
   out.of_row.resize(static_cast<std::size_t>(K));
@@ -406,7 +412,8 @@ template <class Sink>
 Status decode_gptq(const Layer& l, int64_t N, int64_t K, const WeightQuantOptions& opt, Sink& out) {
   MLAKV_RETURN_IF_ERROR(check_int4_options(l, N, K, opt));
   MLAKV_ASSIGN_OR_RETURN(const TensorView w, l.need("qweight"));
-  MLAKV_RETURN_IF_ERROR(check_tensor(w, l.name("qweight"), {{DType::kI32}, {K / kInt4PerWord, N}, Strides::kContiguous}, Device::cpu()));
+  MLAKV_RETURN_IF_ERROR(
+      check_tensor(w, l.name("qweight"), {{DType::kI32}, {K / kInt4PerWord, N}, Strides::kContiguous}, Device::cpu()));
   const int32_t zero_offset = opt.gptq_format == GptqFormat::kV1 ? 1 : 0;
   MLAKV_ASSIGN_OR_RETURN(const Int4Groups grp,
                          load_int4_groups(l, N, K, opt, zero_offset, /*use_g_idx=*/true, [](int i) { return i; }));
@@ -431,7 +438,8 @@ Status decode_awq(const Layer& l, int64_t N, int64_t K, const WeightQuantOptions
   MLAKV_RETURN_IF_ERROR(check_int4_options(l, N, K, opt));
   MLAKV_ASSIGN_OR_RETURN(const TensorView w, l.need("qweight"));
   const int64_t words = N / kInt4PerWord;
-  MLAKV_RETURN_IF_ERROR(check_tensor(w, l.name("qweight"), {{DType::kI32}, {K, words}, Strides::kContiguous}, Device::cpu()));
+  MLAKV_RETURN_IF_ERROR(
+      check_tensor(w, l.name("qweight"), {{DType::kI32}, {K, words}, Strides::kContiguous}, Device::cpu()));
   MLAKV_ASSIGN_OR_RETURN(const Int4Groups grp,
                          load_int4_groups(l, N, K, opt, /*zero_offset=*/0, /*use_g_idx=*/false,
                                           [](int i) { return kAwqOrder[static_cast<std::size_t>(i)]; }));

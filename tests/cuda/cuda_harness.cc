@@ -425,8 +425,7 @@ TEST_F(Cuda, WritersAreByteIdenticalToTheCpuCodecs) {
           float l[kLatentDim], r[kRopeDim];
           for (int d = 0; d < kLatentDim; ++d) l[d] = bf16_in ? bf16_to_f32(lat16[static_cast<std::size_t>(i * kLatentDim + d)]) : lat[static_cast<std::size_t>(i * kLatentDim + d)];
           for (int d = 0; d < kRopeDim; ++d) r[d] = bf16_in ? bf16_to_f32(rope16[static_cast<std::size_t>(i * kRopeDim + d)]) : rope[static_cast<std::size_t>(i * kRopeDim + d)];
-          codec::encode_record(f, l, r, outer, mode,
-                               want.data() + s * rb);
+          codec::encode_record(f, l, r, outer, mode, want.data() + s * rb);
         }
         DeviceBuffer<uint8_t> d_cache(want.size());
         CUDA_OK(cudaMemset(d_cache.ptr, 0xAB, want.size()));
