@@ -24,7 +24,10 @@
 #include <cstring>
 #include <limits>
 
+#include <string_view>
+
 #include "format/record_codec.h"
+#include "mlakv/attention.h"
 #include "cpu/attention_kernels.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -340,5 +343,14 @@ const char* attention_simd_target() {
 }
 
 }  // namespace cpu
+
+const char* cpu_attention_isa() {
+  // Highway's target names ("AVX3", "AVX3_ZEN4", "AVX3_SPR") are its own; users know
+  // these instruction sets as AVX-512.
+  const std::string_view t = cpu::attention_simd_target();
+  if (t.substr(0, 4) == "AVX3") return t == "AVX3" ? "AVX-512" : (t == "AVX3_ZEN4" ? "AVX-512 (Zen 4)" : "AVX-512 (SPR)");
+  return cpu::attention_simd_target();
+}
+
 }  // namespace mlakv
 #endif

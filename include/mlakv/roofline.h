@@ -2,6 +2,7 @@
 // against: a large memcpy (memory bandwidth) and an FMA-bound loop (arithmetic peak).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace mlakv::cpu {
