@@ -26,7 +26,7 @@
 #include <thread>
 #include <vector>
 
-#include "core/rng.h"
+#include "mlakv/rng.h"
 
 namespace mlakv {
 namespace {

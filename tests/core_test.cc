@@ -7,7 +7,7 @@
 #include <cstdint>
 
 #include "core/check.h"
-#include "core/rng.h"
+#include "mlakv/rng.h"
 
 namespace mlakv {
 namespace {

@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/rng.h"
+#include "mlakv/rng.h"
 
 namespace mlakv::synthetic {
 

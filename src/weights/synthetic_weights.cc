@@ -8,7 +8,7 @@
 #include <map>
 #include <vector>
 
-#include "core/rng.h"
+#include "mlakv/rng.h"
 #include "mlakv/numerics.h"
 
 namespace mlakv::synthetic {

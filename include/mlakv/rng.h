@@ -1,4 +1,4 @@
-// The library's reproducible random numbers (synthetic weights, synthetic latents):
+// Reproducible random numbers (the synthetic weights and latents, tests):
 // splitmix64 (Steele, Lea and Flood, "Fast splittable pseudorandom number generators",
 // OOPSLA 2014) and Box-Muller normals on top. Same bits on every platform and compiler,
 // unlike std::normal_distribution, so generated data (and what tests pin on it) is
