@@ -94,8 +94,9 @@ Status validate_mla_layer_weights(const MlaLayerWeights& w, const ModelConfig& c
 //   kv_b   [H*(P+V), L] f32, viewed [H, P+V, L]: rows [0, P) of head h are W_UK, [P, P+V) W_UV
 //   w_uk_t [H, P, L]: w_uk_t[h][p][l] = kv_b[h*(P+V) + p][l]
 //   w_uv   [H, L, V]: w_uv[h][l][v]   = kv_b[h*(P+V) + P + v][l]
-// Fails on non-positive sizes or a buffer of the wrong size.
-Status absorb_kv_b_proj(const std::vector<float>& kv_b, int H, int P, int V, int L, std::vector<float>& w_uk_t,
+// H, P, V, L are those of `geo` (a ModelConfig passes as its geometry). Fails on
+// non-positive sizes or a buffer of the wrong size.
+Status absorb_kv_b_proj(const std::vector<float>& kv_b, const MlaGeometry& geo, std::vector<float>& w_uk_t,
                         std::vector<float>& w_uv);
 
 // Stage 1, no cache involved: projections, norms, RoPE and q absorption for T tokens.

@@ -9,6 +9,7 @@
 
 #include "cpu/ops/linear.h"
 #include "model/rope.h"
+#include "weights/absorb_pair.h"
 #include "mlakv/attention.h"
 #include "mlakv/numerics.h"
 #include "mlakv/thread_pool.h"
@@ -189,27 +190,20 @@ std::size_t MlaLayerWeights::bytes() const {
   return n;
 }
 
-Status absorb_kv_b_proj(const std::vector<float>& kv_b, int H, int P, int V, int L, std::vector<float>& w_uk_t,
+Status absorb_kv_b_proj(const std::vector<float>& kv_b, const MlaGeometry& geo, std::vector<float>& w_uk_t,
                         std::vector<float>& w_uv) {
+  const int H = geo.num_heads, P = geo.qk_nope_head_dim, V = geo.v_head_dim, L = geo.kv_lora_rank;
   if (H < 1 || P < 1 || V < 1 || L < 1) {
     return invalid_argument(fmt::format("absorb_kv_b_proj: H {}, P {}, V {}, L {} must all be >= 1", H, P, V, L));
   }
-  const std::size_t want = static_cast<std::size_t>(H) * static_cast<std::size_t>(P + V) * static_cast<std::size_t>(L);
+  const std::size_t want = static_cast<std::size_t>(geo.kv_b_rows()) * static_cast<std::size_t>(L);
   if (kv_b.size() != want) {
     return invalid_argument(
         fmt::format("absorb_kv_b_proj: kv_b has {} values, expected H*(P+V)*L = {}", kv_b.size(), want));
   }
   w_uk_t.resize(static_cast<std::size_t>(H) * P * L);
   w_uv.resize(static_cast<std::size_t>(H) * L * V);
-  for (int64_t h = 0; h < H; ++h) {
-    const float* head = kv_b.data() + h * (P + V) * L;
-    std::copy_n(head, P * L, w_uk_t.data() + h * P * L);  // rows [0, P) are W_UK [P, L] as is
-    float* uv = w_uv.data() + h * L * V;
-    for (int64_t v = 0; v < V; ++v) {  // rows [P, P+V) are W_UV^T [V, L]
-      const float* row = head + (P + v) * L;
-      for (int64_t l = 0; l < L; ++l) uv[l * V + v] = row[l];
-    }
-  }
+  split_kv_b_proj(kv_b.data(), DType::kF32, w_uk_t.data(), w_uv.data(), DType::kF32, geo);
   return Status::Ok();
 }
 
@@ -243,8 +237,7 @@ StatusOr<MlaLayerWeights> load_mla_layer(const TensorSource& src, const ModelCon
     // The dense kv_b_proj is transient: only the absorbed pair is kept.
     std::vector<float> kv_b;
     MLAKV_RETURN_IF_ERROR(load_linear(src, pre + "kv_b_proj", H * (P + V), L, opt, kv_b));
-    MLAKV_RETURN_IF_ERROR(absorb_kv_b_proj(kv_b, static_cast<int>(H), static_cast<int>(P), static_cast<int>(V),
-                                           static_cast<int>(L), w.w_uk_t, w.w_uv));
+    MLAKV_RETURN_IF_ERROR(absorb_kv_b_proj(kv_b, w.geometry, w.w_uk_t, w.w_uv));
   }
   MLAKV_RETURN_IF_ERROR(load_linear(src, pre + "o_proj", D, H * V, opt, w.o_proj));
   MLAKV_RETURN_IF_ERROR(load_vector(src, pre + "o_proj.bias", D, true, w.o_bias));

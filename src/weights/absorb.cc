@@ -11,7 +11,7 @@
 //    Decode: ql_nope [H, B, L] = bmm(q_nope [H, B, P], W_UK_T); the attention output
 //    [H, B, L] is brought back with bmm(x, W_UV) -> [H, B, V]. Hence
 //      W_UK_T[h][p][l] = W[h*(P+V) + p][l]   and   W_UV[h][l][v] = W[h*(P+V) + P + v][l],
-//    which is what write_pair() below stores.
+//    which is what split_kv_b_proj() below stores.
 //  - The dequantization goes to the activation dtype: get_and_maybe_dequant_weights(
 //    kv_b_proj, out_dtype=act_dtype) (quantization/utils/quant_utils.py): unquantized
 //    weights are cast; non-Marlin, non-DeepGEMM fp8 goes through scaled_dequantize (an f32
@@ -41,6 +41,7 @@
 #include <utility>
 
 #include "mlakv/numerics.h"
+#include "weights/absorb_pair.h"
 
 namespace mlakv {
 namespace {
@@ -242,14 +243,6 @@ void write_pair_t(const void* scratch, void* ukt, void* uv, const MlaGeometry& g
   }
 }
 
-void write_pair(const void* scratch, DType sdt, void* ukt, void* uv, DType dt, const MlaGeometry& g) {
-  if (sdt == DType::kF32) {
-    if (dt == DType::kF32) return write_pair_t<F32, F32>(scratch, ukt, uv, g);
-    return write_pair_t<F32, BF16>(scratch, ukt, uv, g);
-  }
-  if (dt == DType::kF32) return write_pair_t<BF16, F32>(scratch, ukt, uv, g);
-  return write_pair_t<BF16, BF16>(scratch, ukt, uv, g);
-}
 
 // Why `layer`'s pair cannot take the new one in place ("" when it can).
 std::string incompatibility(const AbsorbedLayer& layer, const MlaGeometry& g, DType dt, Device dev) {
@@ -374,7 +367,7 @@ Status absorb_resolved(const TensorSource& src, const std::string& p, const KvBP
 
   void* ukt = reuse ? layer.w_uk_t_storage.data() : new_ukt.data();
   void* uv = reuse ? layer.w_uv_storage.data() : new_uv.data();
-  if (!opt.placement_only) write_pair(scratch->data(), sdt, ukt, uv, opt.dtype, geo);
+  if (!opt.placement_only) split_kv_b_proj(scratch->data(), sdt, ukt, uv, opt.dtype, geo);
   scratch->reset();
 
   // Commit: only now may the old pair go (on any earlier failure the layer is untouched).
@@ -570,6 +563,15 @@ Status absorb_plan(const TensorSource& src, const ModelPlan& plan, CachingAlloca
 }
 
 }  // namespace
+
+void split_kv_b_proj(const void* kv_b, DType kv_b_dtype, void* w_uk_t, void* w_uv, DType dtype, const MlaGeometry& g) {
+  if (kv_b_dtype == DType::kF32) {
+    if (dtype == DType::kF32) return write_pair_t<F32, F32>(kv_b, w_uk_t, w_uv, g);
+    return write_pair_t<F32, BF16>(kv_b, w_uk_t, w_uv, g);
+  }
+  if (dtype == DType::kF32) return write_pair_t<BF16, F32>(kv_b, w_uk_t, w_uv, g);
+  return write_pair_t<BF16, BF16>(kv_b, w_uk_t, w_uv, g);
+}
 
 std::string_view allocation_order_name(AllocationOrder order) {
   switch (order) {
