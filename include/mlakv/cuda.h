@@ -40,7 +40,7 @@ StatusOr<DeviceProperties> device_properties(int device = 0);
 // ---- attention ----------------------------------------------------------------------
 struct AttentionPlan {
   int num_splits = 1;
-  int row_blocks = 0;            // CTAs over the rows of one request (16 rows each)
+  int row_blocks = 0;            // CTAs over the rows of one request (the kernel path's rows per CTA: 16 on sm80)
   int64_t partial_rows = 0;      // rows of split partials kept in the workspace
   std::size_t workspace_bytes = 0;  // caller allocates this much device memory
 };

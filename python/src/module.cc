@@ -314,7 +314,7 @@ nb::object mla_decode(const AnyArray& q, const CacheLayer& layer, std::optional<
   p.num_splits = num_splits ? *num_splits : 1;
 #ifdef MLAKV_PY_CUDA
   if (on_cuda) {
-    const AttentionPlan plan = value(cuda::plan_mla_attention(p));
+    const cuda::AttentionPlan plan = value(cuda::plan_mla_attention(p));
     void* ws = nullptr;
     if (plan.workspace_bytes > 0) {
       if (!workspace) {

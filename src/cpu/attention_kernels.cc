@@ -148,6 +148,17 @@ HWY_INLINE void DequantRecord(const CacheLayerView& c, const uint8_t* rec, float
   });
 }
 
+// Records -> natural-order rows, through DequantRecord (dequantize_records_simd).
+void DequantRows(const CacheLayerView& c, const uint8_t* records, int64_t n, float* rows) {
+  float tile_row[kK];
+  for (int64_t r = 0; r < n; ++r) {
+    DequantRecord(c, records + r * c.record_bytes, tile_row);
+    float* dst = rows + r * kK;
+    for (int i = 0; i < kV; ++i) dst[i] = tile_row[tile_pos(c.format, i)];
+    for (int i = kV; i < kK; ++i) dst[i] = tile_row[i];
+  }
+}
+
 // ---- S = Q K^T -----------------------------------------------------------------------
 // R query rows x C tokens; each S entry is a 576-long dot product.
 template <int R, int C>
@@ -335,6 +346,12 @@ namespace cpu {
 HWY_EXPORT(RunUnit);
 
 void run_attention_unit(const UnitArgs& a) { HWY_DYNAMIC_DISPATCH(RunUnit)(a); }
+
+HWY_EXPORT(DequantRows);
+
+void dequantize_records_simd(const CacheLayerView& cache, const uint8_t* records, int64_t n, float* rows) {
+  HWY_DYNAMIC_DISPATCH(DequantRows)(cache, records, n, rows);
+}
 
 const char* attention_simd_target() {
   // The dispatcher's choice: the best (lowest-bit) target compiled in and supported here.

@@ -29,10 +29,12 @@
 #include <nlohmann/json.hpp>
 #include <limits>
 #include <numeric>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "cuda/common/status.h"
 #include "format/record_codec.h"
 #include "mlakv/attention.h"
 #include "mlakv/cuda.h"
@@ -41,11 +43,22 @@
 #include "mlakv/mla_layer.h"
 #include "mlakv/safetensors.h"
 #include "../support/attention_case.h"
+#include "../support/record_sweep.h"
+#include "record_reader_kernels.h"
 
 namespace mlakv {
+
+void PrintTo(KvFormat f, std::ostream* os) { *os << format_name(f); }
+
 namespace {
 
-#define CUDA_OK(x) ASSERT_EQ((x), cudaSuccess) << #x << ": " << cudaGetErrorString(x)
+// A CUDA runtime call that must succeed: the library's one CUDA status helper
+// (src/cuda/common/status.h) as a gtest assertion.
+#define CUDA_OK(call)                                       \
+  do {                                                      \
+    const ::mlakv::Status cuda_ok_ = MLAKV_CUDA_STATUS(call); \
+    ASSERT_TRUE(cuda_ok_.ok()) << cuda_ok_.to_string();     \
+  } while (0)
 
 constexpr double kU = 1.0 / (1 << 24);
 constexpr float kSentinel = 12345.5f;
@@ -291,7 +304,55 @@ class Cuda : public ::testing::Test {
 
 const KvFormat kFormats[] = {KvFormat::kBf16, KvFormat::kFp8DsMla, KvFormat::kNvfp4DsMla, KvFormat::kNvfp4DsMlaFp8Rope};
 
-TEST_F(Cuda, DenseEveryFormatHeadCountAndBlockSize) {
+// ---- attention: one named case per parameter set ------------------------------------------
+// Each case is one GoogleTest test named by its parameters, e.g.
+//   Dense/CudaAttention.MatchesTheEmulation/fp8_ds_mla_H16_sq1_bs33_splits2_dense
+// so any one runs alone with --gtest_filter; it prints its full parameters first.
+struct AttnCase {
+  Case c;
+  bool graph = false;  // capture in a CUDA graph, replay with new contents
+};
+
+std::string case_name(const AttnCase& a) {
+  const Case& c = a.c;
+  std::string s = std::string(format_name(c.format)) + "_H" + std::to_string(c.heads) + "_sq" + std::to_string(c.s_q) +
+                  "_bs" + std::to_string(c.block_size) + "_splits" + std::to_string(c.splits) +
+                  (c.sparse ? "_sparse_topk" + std::to_string(c.topk) : "_dense");
+  if (!c.causal) s += "_full";
+  if (c.bf16_q) s += "_bf16q";
+  if (c.topk_length) s += "_topklen";
+  if (a.graph) s += "_graph";
+  return s;
+}
+
+std::string case_params(const AttnCase& a) {
+  std::string s = test::describe(a.c) + " outer_scale=" + std::to_string(a.c.outer_scale) +
+                  " q=" + (a.c.bf16_q ? "bf16" : "f32") + " seed=" + std::to_string(a.c.seed);
+  if (a.c.topk_length) s += " topk_length";
+  if (a.graph) s += " graph-replay";
+  return s;
+}
+
+void PrintTo(const AttnCase& a, std::ostream* os) { *os << case_params(a); }
+
+class CudaAttention : public ::testing::TestWithParam<AttnCase> {
+ protected:
+  void SetUp() override {
+    if (!have_gpu()) GTEST_FAIL() << "no CUDA device: this harness runs on a GPU machine (tools/gpu_check.sh)";
+  }
+};
+
+TEST_P(CudaAttention, MatchesTheEmulation) {
+  const AttnCase& a = GetParam();
+  std::printf("  case: %s\n", case_params(a).c_str());
+  RecordProperty("case", case_params(a));
+  check_case(a.c, a.graph);
+}
+
+std::string attn_case_name(const ::testing::TestParamInfo<AttnCase>& info) { return case_name(info.param); }
+
+std::vector<AttnCase> dense_cases() {
+  std::vector<AttnCase> v;
   for (KvFormat f : kFormats) {
     for (int heads : {1, 8, 16, 64, 128}) {
       for (int bs : {1, 16, 64, 33}) {
@@ -303,14 +364,15 @@ TEST_F(Cuda, DenseEveryFormatHeadCountAndBlockSize) {
         c.outer_scale = format_info(f).has_outer_scale ? 0.75f : 1.0f;
         c.splits = (heads + bs) % 3 + 1;
         c.seed = static_cast<uint32_t>(heads * 100 + bs);
-        check_case(c);
-        if (HasFatalFailure()) return;
+        v.push_back({c});
       }
     }
   }
+  return v;
 }
 
-TEST_F(Cuda, CausalMultiTokenAndSplits) {
+std::vector<AttnCase> causal_cases() {
+  std::vector<AttnCase> v;
   for (KvFormat f : kFormats) {
     for (int s_q : {1, 2, 4}) {
       for (int splits : {1, 3, 8}) {
@@ -323,8 +385,7 @@ TEST_F(Cuda, CausalMultiTokenAndSplits) {
         c.seqlens = {300, 3, 2, 45};
         c.bf16_q = splits == 3;
         c.seed = static_cast<uint32_t>(s_q * 10 + splits);
-        check_case(c);
-        if (HasFatalFailure()) return;
+        v.push_back({c});
       }
     }
     Case full;
@@ -334,12 +395,13 @@ TEST_F(Cuda, CausalMultiTokenAndSplits) {
     full.s_q = 2;
     full.causal = false;
     full.seqlens = {64, 130};
-    check_case(full);
-    if (HasFatalFailure()) return;
+    v.push_back({full});
   }
+  return v;
 }
 
-TEST_F(Cuda, SparseWithInvalidIndices) {
+std::vector<AttnCase> sparse_cases() {
+  std::vector<AttnCase> v;
   for (KvFormat f : kFormats) {
     for (int heads : {16, 64, 128}) {
       Case c;
@@ -353,13 +415,14 @@ TEST_F(Cuda, SparseWithInvalidIndices) {
       c.splits = heads == 64 ? 3 : 1;
       c.topk_length = heads == 128;
       c.seed = static_cast<uint32_t>(heads);
-      check_case(c);
-      if (HasFatalFailure()) return;
+      v.push_back({c});
     }
   }
+  return v;
 }
 
-TEST_F(Cuda, GraphCaptureAndReplayWithNewContents) {
+std::vector<AttnCase> graph_cases() {
+  std::vector<AttnCase> v;
   for (KvFormat f : {KvFormat::kFp8DsMla, KvFormat::kNvfp4DsMlaFp8Rope}) {
     Case c;
     c.format = f;
@@ -367,13 +430,15 @@ TEST_F(Cuda, GraphCaptureAndReplayWithNewContents) {
     c.heads = 16;
     c.splits = 4;
     c.seqlens = {500, 33};
-    check_case(c, /*use_graph=*/true);
-    if (HasFatalFailure()) return;
+    v.push_back({c, /*graph=*/true});
   }
+  return v;
 }
 
-// The reduced set run under compute-sanitizer memcheck / racecheck.
-TEST_F(Cuda, ReducedSanitizerSet) {
+// The reduced set run under compute-sanitizer memcheck / racecheck (tools/gpu_check.sh
+// filters on the name ReducedSanitizerSet).
+std::vector<AttnCase> sanitizer_cases() {
+  std::vector<AttnCase> v;
   for (KvFormat f : kFormats) {
     Case c;
     c.format = f;
@@ -382,14 +447,66 @@ TEST_F(Cuda, ReducedSanitizerSet) {
     c.block_size = 33;
     c.splits = 2;
     c.seqlens = {70, 0, 5};
-    check_case(c);
-    if (HasFatalFailure()) return;
+    v.push_back({c});
     c.sparse = true;
     c.topk = 40;
-    check_case(c);
-    if (HasFatalFailure()) return;
+    v.push_back({c});
+  }
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(DenseEveryFormatHeadCountAndBlockSize, CudaAttention, ::testing::ValuesIn(dense_cases()),
+                         attn_case_name);
+INSTANTIATE_TEST_SUITE_P(CausalMultiTokenAndSplits, CudaAttention, ::testing::ValuesIn(causal_cases()), attn_case_name);
+INSTANTIATE_TEST_SUITE_P(SparseWithInvalidIndices, CudaAttention, ::testing::ValuesIn(sparse_cases()), attn_case_name);
+INSTANTIATE_TEST_SUITE_P(GraphCaptureAndReplayWithNewContents, CudaAttention, ::testing::ValuesIn(graph_cases()),
+                         attn_case_name);
+INSTANTIATE_TEST_SUITE_P(ReducedSanitizerSet, CudaAttention, ::testing::ValuesIn(sanitizer_cases()), attn_case_name);
+
+// ---- the record readers: code by code against the scalar codec -------------------------------
+// The sm80 reader (sm80/attention/reader.cuh, the attention's fused dequantization) on
+// every code of the format (support/record_sweep.h). The reader forms the codec's
+// float32 product and rounds it once to bf16 (the K tile's type), so each bf16 must
+// equal bf16_rn(codec value) exactly.
+class CudaRecordReader : public ::testing::TestWithParam<KvFormat> {
+ protected:
+  void SetUp() override {
+    if (!have_gpu()) GTEST_FAIL() << "no CUDA device: this harness runs on a GPU machine (tools/gpu_check.sh)";
+  }
+};
+
+TEST_P(CudaRecordReader, MatchesTheScalarCodecCodeByCode) {
+  const KvFormat f = GetParam();
+  const int rb = record_bytes(f);
+  const int64_t n = test::kSweepRecords;
+  const std::vector<uint8_t> recs = test::sweep_records(f);
+  DeviceBuffer<uint8_t> d_recs(recs.size());
+  d_recs.upload(recs);
+  DeviceBuffer<uint16_t> d_rows(static_cast<std::size_t>(n) * kQkDim);
+  for (float outer : test::sweep_outer_scales(f)) {
+    SCOPED_TRACE(std::string(format_name(f)) + ", outer scale " + std::to_string(outer));
+    std::printf("  sm80 reader, %s, outer scale %g: %lld records\n", std::string(format_name(f)).c_str(), outer,
+                static_cast<long long>(n));
+    CUDA_OK(cudaMemset(d_rows.ptr, 0xFF, d_rows.n * sizeof(uint16_t)));  // NaN until written
+    CUDA_OK(static_cast<cudaError_t>(test::dequantize_records_sm80(f, d_recs.ptr, n, outer, d_rows.ptr, nullptr)));
+    CUDA_OK(cudaDeviceSynchronize());
+    const std::vector<uint16_t> got = d_rows.download();
+    for (int64_t r = 0; r < n; ++r) {
+      float want[kQkDim];
+      codec::decode_record(f, recs.data() + r * rb, outer, want, want + kLatentDim);
+      for (int d = 0; d < kQkDim; ++d) {
+        const uint16_t g = got[static_cast<std::size_t>(r * kQkDim + d)], w = f32_to_bf16(want[d]);
+        ASSERT_EQ(g, w) << "record " << r << " dim " << d << ": reader bf16 0x" << std::hex << g << ", codec "
+                        << want[d] << " -> bf16 0x" << w;
+      }
+    }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(EveryFormat, CudaRecordReader, ::testing::ValuesIn(kFormats),
+                         [](const ::testing::TestParamInfo<KvFormat>& info) {
+                           return std::string(format_name(info.param));
+                         });
 
 // ---- cache writers: byte-identical to the CPU codecs ---------------------------------------
 TEST_F(Cuda, WritersAreByteIdenticalToTheCpuCodecs) {
@@ -415,6 +532,8 @@ TEST_F(Cuda, WritersAreByteIdenticalToTheCpuCodecs) {
       for (Fp8ScaleMode mode : {Fp8ScaleMode::kPow2, Fp8ScaleMode::kExact}) {
         if (f != KvFormat::kFp8DsMla && mode == Fp8ScaleMode::kExact) continue;
         SCOPED_TRACE(std::string(format_name(f)) + (bf16_in ? " bf16 in" : " f32 in") + (mode == Fp8ScaleMode::kExact ? " exact" : ""));
+        std::printf("  writer: %s, %s input, %s fp8 scales, %d tokens\n", std::string(format_name(f)).c_str(),
+                    bf16_in ? "bf16" : "f32", mode == Fp8ScaleMode::kExact ? "exact" : "pow2", n);
         const float outer = format_info(f).has_outer_scale ? 0.3f : 1.0f;
         const int rb = record_bytes(f);
         // CPU expectation, slot by slot, on a cache poisoned with 0xAB.

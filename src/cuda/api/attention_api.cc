@@ -1,16 +1,17 @@
-// The CUDA attention API: validation and planning on the host, then kernel launches.
+// The CUDA attention API: validation and planning on the host, then kernel launches
+// through the path select_attention_path picks (attention_path.h), then smxx's combine.
 #include <fmt/format.h>
 
 #include <algorithm>
 
-#include "cuda/common.h"
-#include "cuda/kernels.h"
+#include "cuda/api/attention_path.h"
+#include "cuda/common/status.h"
+#include "cuda/smxx/launch.h"
 #include "mlakv/cuda.h"
 
 namespace mlakv::cuda {
 namespace {
 
-constexpr int kRows = kernels::kAttentionRows;
 constexpr float kLog2e = 1.4426950408889634f;
 
 std::size_t align16(std::size_t x) { return (x + 15) & ~std::size_t{15}; }
@@ -33,9 +34,11 @@ Status check_device_params(const MlaAttentionParams& p) {
 int suggest_num_splits(const MlaAttentionParams& p, int multiprocessors) {
   if (p.q.ndim != 4) return 1;
   const int64_t B = p.q.size(0), s_q = p.q.size(1), H = p.q.size(2);
-  const int64_t ctas = p.sparse() ? B * s_q * ((H + kRows - 1) / kRows) : B * ((s_q * H + kRows - 1) / kRows);
+  const AttentionKernels& k = attention_kernels(select_attention_path(p));
+  const int rows = k.rows_per_cta;
+  const int64_t ctas = p.sparse() ? B * s_q * ((H + rows - 1) / rows) : B * ((s_q * H + rows - 1) / rows);
   // Fill every CTA slot of the GPU once: slots = SMs x CTAs per SM for this format.
-  const int per_sm = std::max(1, kernels::attention_ctas_per_sm(p.cache.format, p.cache.record_bytes));
+  const int per_sm = std::max(1, k.ctas_per_sm(p.cache.format, p.cache.record_bytes));
   const int64_t slots = static_cast<int64_t>(std::max(1, multiprocessors)) * per_sm;
   return static_cast<int>(std::clamp<int64_t>(slots / std::max<int64_t>(ctas, 1), 1, 64));
 }
@@ -44,10 +47,12 @@ StatusOr<AttentionPlan> plan_mla_attention(const MlaAttentionParams& p) {
   MLAKV_RETURN_IF_ERROR(check_device_params(p));
   AttentionPlan plan;
   const int64_t B = p.q.size(0), s_q = p.q.size(1), H = p.q.size(2);
+  const AttentionKernels& k = attention_kernels(select_attention_path(p));
+  const int rows = k.rows_per_cta;
   plan.num_splits = p.num_splits;
-  plan.row_blocks = static_cast<int>(p.sparse() ? (H + kRows - 1) / kRows : (s_q * H + kRows - 1) / kRows);
+  plan.row_blocks = static_cast<int>(p.sparse() ? (H + rows - 1) / rows : (s_q * H + rows - 1) / rows);
   plan.partial_rows = B * s_q * H;
-  MLAKV_RETURN_IF_ERROR(cuda_status(kernels::configure_attention(p.cache.format, p.cache.record_bytes),
+  MLAKV_RETURN_IF_ERROR(cuda_status(k.configure(p.cache.format, p.cache.record_bytes),
                                     "cudaFuncSetAttribute(max dynamic shared memory)"));
   if (plan.num_splits > 1) {
     plan.workspace_bytes = align16(sizeof(float) * static_cast<std::size_t>(plan.num_splits * plan.partial_rows) * kLatentDim) +
@@ -115,7 +120,13 @@ Status run_mla_attention(const MlaAttentionParams& p, const AttentionPlan& plan,
     kp.part_lse = reinterpret_cast<float*>(static_cast<uint8_t*>(workspace) +
                                            align16(sizeof(float) * static_cast<std::size_t>(plan.num_splits * plan.partial_rows) * kLatentDim));
   }
-  return cuda_status(kernels::launch_attention(p.cache.format, kp, plan.row_blocks, stream), "mla_attention kernels");
+  const AttentionKernels& k = attention_kernels(select_attention_path(p));
+  const int e = k.launch(p.cache.format, kp, plan.row_blocks, stream);
+  if (e != 0 || kp.num_splits == 1) return cuda_status(e, "mla_attention kernels");
+  const kernels::CombineParams cp{kp.part_o, kp.part_lse, kp.num_splits, kp.rows_total, kp.s_q, kp.H,
+                                  kp.out,    kp.o_s0,     kp.o_s1,       kp.o_s2,        kp.lse, kp.l_s0,
+                                  kp.l_s1,   kp.l_s2};
+  return cuda_status(kernels::launch_combine(cp, stream), "mla_attention kernels");
 }
 
 Status merge_attn_states(const TensorView& o_parts, const TensorView& lse_parts, const TensorView& out,
@@ -128,11 +139,11 @@ Status merge_attn_states(const TensorView& o_parts, const TensorView& lse_parts,
   MLAKV_RETURN_IF_ERROR(check_tensor(out, "out", {{DType::kF32}, {N, D}}, dev));
   MLAKV_RETURN_IF_ERROR(check_tensor(lse, "lse", {{DType::kF32}, {N}}, dev));
   if (P < 1) return invalid_argument("o_parts: at least one partial is needed");
-  return cuda_status(kernels::launch_merge(o_parts.ptr<const float>(), o_parts.stride(0), o_parts.stride(1),
-                                           lse_parts.ptr<const float>(), lse_parts.stride(0), lse_parts.stride(1),
-                                           static_cast<int>(P), N, static_cast<int>(D), out.ptr<float>(),
-                                           out.stride(0), lse.ptr<float>(), lse.stride(0), stream),
-                     "merge_kernel");
+  const kernels::MergeParams mp{o_parts.ptr<const float>(), o_parts.stride(0), o_parts.stride(1),
+                                lse_parts.ptr<const float>(), lse_parts.stride(0), lse_parts.stride(1),
+                                static_cast<int>(P), N, static_cast<int>(D), out.ptr<float>(), out.stride(0),
+                                lse.ptr<float>(), lse.stride(0)};
+  return cuda_status(kernels::launch_merge(mp, stream), "merge_kernel");
 }
 
 }  // namespace mlakv::cuda

@@ -1,7 +1,7 @@
 // cudaMalloc-backed segments for the caching allocator, and device queries.
 #include <fmt/format.h>
 
-#include "cuda/common.h"
+#include "cuda/common/status.h"
 #include "mlakv/cuda.h"
 
 namespace mlakv::cuda {

@@ -1,8 +1,8 @@
 // The CUDA cache-writer API: validation on the host, one kernel launch.
 #include <fmt/format.h>
 
-#include "cuda/common.h"
-#include "cuda/kernels.h"
+#include "cuda/common/status.h"
+#include "cuda/smxx/launch.h"
 #include "mlakv/cuda.h"
 
 namespace mlakv::cuda {
@@ -25,7 +25,7 @@ Status write_cache(const CacheLayerView& layer, const TensorView& slots, const T
                           layer.num_slots(),
                           layer.record_bytes,
                           layer.outer_scale,
-                          fp8_scales == Fp8ScaleMode::kExact ? kernels::Fp8Mode::kExact : kernels::Fp8Mode::kPow2,
+                          fp8_scales,
                           slots.ptr<const int64_t>(),
                           n,
                           latent.data,
