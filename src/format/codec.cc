@@ -97,7 +97,7 @@ Status validate_record(KvFormat f, const uint8_t* rec, int64_t t) {
     }
     return Status::Ok();
   };
-  return visit_format(f, [&](auto tag) -> Status {
+  return visit_format(f, Status::Ok(), [&](auto tag) -> Status {
     constexpr KvFormat F = decltype(tag)::value;
     if constexpr (F == KvFormat::kBf16) {
       return Status::Ok();
