@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/file_io.h"
+#include "format/load_float.h"
 #include "mlakv/numerics.h"
 
 namespace mlakv {
@@ -210,14 +211,7 @@ Status OuterScaleCalibrator::add(int layer, const TensorView& x, std::string_vie
   for (int64_t t = 0; t < x.size(0); ++t) {
     const auto* row = static_cast<const uint8_t*>(x.data) + t * x.stride(0) * static_cast<int64_t>(dtype_size(x.dtype));
     for (int d = 0; d < kLatentDim; ++d) {
-      float v;
-      if (x.dtype == DType::kF32) {
-        std::memcpy(&v, row + 4 * d, 4);
-      } else {
-        uint16_t h;
-        std::memcpy(&h, row + 2 * d, 2);
-        v = x.dtype == DType::kBF16 ? bf16_to_f32(h) : f16_to_f32(h);
-      }
+      const float v = load_as_f32(row, x.dtype, d);
       if (!std::isfinite(v)) {
         return data_loss(fmt::format("{} (layer {}): value at [{}, {}] is not finite ({})", what, layer, t, d, v));
       }

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "cpu/ops/linear.h"
+#include "format/load_float.h"
 #include "model/rope.h"
 #include "weights/absorb_pair.h"
 #include "mlakv/attention.h"
@@ -121,16 +122,8 @@ Status load_vector(const TensorSource& src, const std::string& name, int64_t n, 
         fmt::format("{}: tensor '{}' must have shape [{}], got {}", src.describe(), name, n, t->shape_string()));
   }
   out.resize(static_cast<std::size_t>(n));
-  const auto* bytes = static_cast<const uint8_t*>(t->data);
   for (int64_t i = 0; i < n; ++i) {
-    float v;
-    if (t->dtype == DType::kF32) {
-      std::memcpy(&v, bytes + 4 * i, 4);
-    } else {
-      uint16_t h;
-      std::memcpy(&h, bytes + 2 * i, 2);
-      v = t->dtype == DType::kBF16 ? bf16_to_f32(h) : f16_to_f32(h);
-    }
+    const float v = load_as_f32(t->data, t->dtype, i);
     if (!std::isfinite(v)) {
       out.clear();
       return data_loss(fmt::format("{}: tensor '{}' holds a non-finite value {} at [{}]", src.describe(), name, v, i));

@@ -45,6 +45,7 @@
 #include <string>
 #include <vector>
 
+#include "format/load_float.h"
 #include "io/config_json.h"
 #include "mlakv/numerics.h"
 
@@ -71,15 +72,7 @@ inline uint16_t load_u16(const uint8_t* base, int64_t i) {
 }
 
 // Element i of a f32 / bf16 / f16 tensor (contiguous) as float.
-inline float load_float(const TensorView& t, int64_t i) {
-  const auto* b = t.ptr<const uint8_t>();
-  switch (t.dtype) {
-    case DType::kF32: return f32_from_bits(load_u32(b, i));
-    case DType::kBF16: return bf16_to_f32(load_u16(b, i));
-    case DType::kF16: return f16_to_f32(load_u16(b, i));
-    default: return std::nanf("");
-  }
-}
+inline float load_float(const TensorView& t, int64_t i) { return load_as_f32(t.data, t.dtype, i); }
 
 // ---- output sinks: one instantiation per output dtype, no per-element dispatch -------
 struct F32Sink {
