@@ -52,7 +52,7 @@ function(mlakv_cuda_arch_only_sources target arch)
   add_library(${objects} OBJECT ${ARGN})
   set_target_properties(${objects} PROPERTIES CUDA_ARCHITECTURES ${arch} POSITION_INDEPENDENT_CODE ON)
   target_include_directories(${objects} PRIVATE $<TARGET_PROPERTY:${target},INCLUDE_DIRECTORIES>)
-  target_link_libraries(${objects} PRIVATE mlakv fmt::fmt)
+  target_link_libraries(${objects} PRIVATE mlakv fmt::fmt CUDA::cudart_static)  # host .cc files include cuda_runtime.h
   target_compile_options(${objects} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr -lineinfo>)
   target_sources(${target} PRIVATE $<TARGET_OBJECTS:${objects}>)
   target_compile_definitions(${target} PRIVATE MLAKV_CUDA_HAVE_ARCH_${arch}=1)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on a GPU machine (the `device` tool's H200): builds the CUDA targets, runs the
-# accelerated-vs-reference harness, compute-sanitizer (memcheck + racecheck) on its
+# accelerated-vs-reference harness, compute-sanitizer (memcheck, racecheck, synccheck) on its
 # reduced set, and the CUDA benchmark. Logs go to $OUT (or ./gpu-out).
 #
 # The GPU image has no Debian -dev packages and no network: the project's Debian
@@ -46,7 +46,7 @@ if want harness; then
   echo "harness: $(grep -c '^\[       OK \]' "$OUT/harness.log") cases OK"
 fi
 if want sanitize; then
-  for tool in memcheck racecheck; do
+  for tool in memcheck racecheck synccheck; do
     compute-sanitizer --tool "$tool" --error-exitcode 9 ./build-gpu/tests/cuda_harness \
       --gtest_filter='*ReducedSanitizerSet*:*MergeAttnStates*' >"$OUT/$tool.log" 2>&1
     s=$?
@@ -60,9 +60,9 @@ if want bench; then
 fi
 if want profile; then
   # Nsight Compute on one attention launch per case (clocks left alone).
-  for spec in "fp8_ds_mla 1" "bf16 2"; do
+  for spec in "fp8_ds_mla 1" "bf16 3"; do
     set -- $spec
-    ncu --clock-control none -k regex:mla_attention_kernel --launch-skip 3 --launch-count 1 \
+    ncu --clock-control none -k regex:"mla_attention_kernel|attention_sm90_kernel" --launch-skip 3 --launch-count 1 \
       --section SpeedOfLight --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \
       --section SchedulerStats --section LaunchStats \
       ./build-gpu/bench/bench_cuda --reps 1 --format "$1" --shape "$2" --no-ceilings >"$OUT/ncu_$1_$2.txt" 2>&1

@@ -17,6 +17,11 @@
 //      2^-8 (1 + e_s) MAV, MAV = sum_t w_t |v_t|;
 //  (3) the fp32 sums over n tokens and S splits: (2n + 8 + 4S) u max|v|.
 // lse: tol = d + (n + 8) u + 4 u |lse| (exp2/log2 approximations included).
+// The sm90 kernel (src/cuda/sm90/attention/) rounds differently for the quantized formats: K/V
+// stay exact (e4m3 * scale, e2m1 * sf; the outer scale moves into q), q's latent part
+// (and an e4m3 rope's q) is rounded to f16 after a per-row power-of-two prescale, and P
+// to f16 (<= 2^-11, inside the 2^-8 term). The emulation applies exactly those q
+// roundings for that kernel, so the same tolerance derivation holds.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -95,11 +100,42 @@ using test::build;
 using test::token_set;
 
 double bf16r(double x) { return bf16_to_f32(f32_to_bf16(static_cast<float>(x))); }
+double f16r(float x) { return static_cast<double>(static_cast<_Float16>(x)); }  // RNE, subnormals kept
+
+// q as the sm90 kernel rounds it for a quantized format: per row, e = 15 - ex where
+// amax = max |q_lat * base|, |q_rope| < 2^ex; the latent goes to f16 at M = base * 2^e
+// (base = s_l * 2^7 for e2m1, 1 for fp8), the rope to f16 (e4m3 rope) or bf16 at 2^e.
+std::vector<double> sm90_q(const float* q, KvFormat f, float outer) {
+  const bool nvfp4 = f == KvFormat::kNvfp4DsMla || f == KvFormat::kNvfp4DsMlaFp8Rope;
+  const float base = nvfp4 ? outer * 128.0f : 1.0f;
+  float amax = 0.0f;
+  for (int d = 0; d < kQkDim; ++d) amax = std::max(amax, std::fabs(q[d] * (d < kLatentDim ? base : 1.0f)));
+  int e = 0;
+  if (amax > 0.0f && std::isfinite(amax)) {
+    int ex;
+    (void)std::frexp(amax, &ex);
+    e = std::clamp(15 - ex, -100, 100);
+  }
+  const float m_lat = std::ldexp(base, e), m_rope = std::ldexp(1.0f, e);
+  std::vector<double> r(kQkDim);
+  for (int d = 0; d < kQkDim; ++d) {
+    if (d < kLatentDim) {
+      r[static_cast<std::size_t>(d)] = f16r(q[d] * m_lat) / static_cast<double>(m_lat);
+    } else if (f == KvFormat::kNvfp4DsMlaFp8Rope) {
+      r[static_cast<std::size_t>(d)] = f16r(q[d] * m_rope) / static_cast<double>(m_rope);
+    } else {
+      r[static_cast<std::size_t>(d)] = bf16r(q[d]);
+    }
+  }
+  return r;
+}
 
 // Float64 emulation with the kernel's input roundings; also the per-element tolerance.
-void emulate(const Host& t, float scale, std::vector<double>& o, std::vector<double>& lse, std::vector<double>& tol_o,
-             std::vector<double>& tol_l) {
+void emulate(const Host& t, float scale, cuda::AttentionPath path, std::vector<double>& o, std::vector<double>& lse,
+             std::vector<double>& tol_o, std::vector<double>& tol_l) {
   const Case& c = t.c;
+  // The sm90 kernel keeps quantized K/V exact and rounds q its own way (see the top).
+  const bool exact_kv = path == cuda::AttentionPath::kSm90 && c.format != KvFormat::kBf16;
   const int B = static_cast<int>(c.seqlens.size());
   const std::size_t rows = static_cast<std::size_t>(B * c.s_q * c.heads);
   o.assign(rows * kLatentDim, 0.0);
@@ -114,19 +150,27 @@ void emulate(const Host& t, float scale, std::vector<double>& o, std::vector<dou
       for (std::size_t k = 0; k < n; ++k) {
         float lat[kLatentDim], rope[kRopeDim];
         codec::decode_record(t.view.format, t.view.record(slots[k]), t.view.outer_scale, lat, rope);
-        for (int d = 0; d < kLatentDim; ++d) keys[k * kQkDim + static_cast<std::size_t>(d)] = bf16r(lat[d]);
-        for (int d = 0; d < kRopeDim; ++d) keys[k * kQkDim + kLatentDim + static_cast<std::size_t>(d)] = bf16r(rope[d]);
+        for (int d = 0; d < kLatentDim; ++d) keys[k * kQkDim + static_cast<std::size_t>(d)] = exact_kv ? lat[d] : bf16r(lat[d]);
+        for (int d = 0; d < kRopeDim; ++d) {
+          keys[k * kQkDim + kLatentDim + static_cast<std::size_t>(d)] = exact_kv ? rope[d] : bf16r(rope[d]);
+        }
       }
       for (int h = 0; h < c.heads; ++h) {
         const std::size_t row = static_cast<std::size_t>((b * c.s_q + i) * c.heads + h);
         if (n == 0) continue;
         const float* qr = t.q.data() + row * kQkDim;
+        std::vector<double> qe(kQkDim);
+        if (exact_kv) {
+          qe = sm90_q(qr, c.format, t.view.outer_scale);
+        } else {
+          for (int d = 0; d < kQkDim; ++d) qe[static_cast<std::size_t>(d)] = bf16r(qr[d]);
+        }
         std::vector<double> s(n);
         double mx = -INFINITY, dmax = 0;
         for (std::size_t k = 0; k < n; ++k) {
           double dot = 0, sabs = 0;
           for (int d = 0; d < kQkDim; ++d) {
-            const double pr = bf16r(qr[d]) * keys[k * kQkDim + static_cast<std::size_t>(d)];
+            const double pr = qe[static_cast<std::size_t>(d)] * keys[k * kQkDim + static_cast<std::size_t>(d)];
             dot += pr;
             sabs += std::fabs(pr);
           }
@@ -163,7 +207,8 @@ void emulate(const Host& t, float scale, std::vector<double>& o, std::vector<dou
 }
 
 // Runs the case on the device; returns out/lse (guards checked).
-void run_device(const Host& t, std::vector<float>& out, std::vector<float>& lse, bool use_graph = false) {
+void run_device(const Host& t, std::vector<float>& out, std::vector<float>& lse, cuda::AttentionPath& path,
+                bool use_graph = false) {
   const Case& c = t.c;
   const int64_t B = static_cast<int64_t>(c.seqlens.size());
   const std::size_t rows = static_cast<std::size_t>(B * c.s_q * c.heads);
@@ -206,6 +251,7 @@ void run_device(const Host& t, std::vector<float>& out, std::vector<float>& lse,
   p.lse = TensorView::contiguous(d_lse.ptr + kGuard, DType::kF32, {B, c.s_q, c.heads}, Device::cuda(0));
   auto plan = cuda::plan_mla_attention(p);
   ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  path = plan->path;
   DeviceBuffer<uint8_t> ws(std::max<std::size_t>(1, plan->workspace_bytes));
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreate(&stream));
@@ -255,13 +301,15 @@ void check_case(const Case& c, bool use_graph = false) {
   SCOPED_TRACE(test::describe(c));
   Host t = build(c);
   std::vector<float> out, lse;
-  run_device(t, out, lse, use_graph);
+  cuda::AttentionPath path{};
+  run_device(t, out, lse, path, use_graph);
+  SCOPED_TRACE(std::string("kernel path ") + cuda::attention_path_name(path));
   if (::testing::Test::HasFatalFailure()) return;
   if (use_graph) {  // the graph's last replay ran with q negated
     for (float& x : t.q) x = -x;
   }
   std::vector<double> eo, el, to, tl;
-  emulate(t, 0.1352f, eo, el, to, tl);
+  emulate(t, 0.1352f, path, eo, el, to, tl);
   // NaN / Inf first.
   for (std::size_t r = 0; r < lse.size(); ++r) {
     ASSERT_FALSE(std::isnan(lse[r])) << "lse NaN at row " << r;
@@ -507,6 +555,117 @@ INSTANTIATE_TEST_SUITE_P(EveryFormat, CudaRecordReader, ::testing::ValuesIn(kFor
                          [](const ::testing::TestParamInfo<KvFormat>& info) {
                            return std::string(format_name(info.param));
                          });
+
+// ---- the kernel paths: the choice, the forced sm80 path, the sm90 edges -----------------------
+// Sets MLAKV_CUDA_ATTENTION for one scope.
+struct KernelEnv {
+  explicit KernelEnv(const char* v) { setenv("MLAKV_CUDA_ATTENTION", v, 1); }
+  ~KernelEnv() { unsetenv("MLAKV_CUDA_ATTENTION"); }
+};
+
+bool is_hopper() {
+  cudaDeviceProp prop{};
+  return cudaGetDeviceProperties(&prop, 0) == cudaSuccess && prop.major == 9;
+}
+
+// On an sm_90 device the default plan must pick the Hopper kernel (so the tests above
+// exercise it there); sm80 forces the portable one; a bad value is a Status.
+TEST_F(Cuda, KernelChoiceFollowsTheDeviceAndTheEnvironment) {
+  Case c;
+  c.format = KvFormat::kFp8DsMla;
+  c.heads = 16;
+  c.seqlens = {10};
+  Host t = build(c);
+  DeviceBuffer<uint8_t> d_cache(static_cast<std::size_t>(t.view.num_slots()) * t.view.record_bytes);
+  std::vector<float> out, lse;
+  MlaAttentionParams p = t.params(out, lse);
+  DeviceBuffer<float> dq(t.q.size()), dout(out.size()), dlse(lse.size());
+  DeviceBuffer<int32_t> dt(t.table.size()), dl(t.seqlens.size());
+  p.q.data = dq.ptr;
+  p.q.device = Device::cuda(0);
+  p.cache.data = d_cache.ptr;
+  p.cache.device = Device::cuda(0);
+  p.block_table.data = dt.ptr;
+  p.block_table.device = Device::cuda(0);
+  p.seqlens.data = dl.ptr;
+  p.seqlens.device = Device::cuda(0);
+  p.out.data = dout.ptr;
+  p.out.device = Device::cuda(0);
+  p.lse.data = dlse.ptr;
+  p.lse.device = Device::cuda(0);
+  {
+    auto plan = cuda::plan_mla_attention(p);
+    ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+    EXPECT_EQ(plan->path, is_hopper() ? cuda::AttentionPath::kSm90 : cuda::AttentionPath::kSm80);
+  }
+  {
+    KernelEnv env("sm80");
+    auto plan = cuda::plan_mla_attention(p);
+    ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+    EXPECT_EQ(plan->path, cuda::AttentionPath::kSm80);
+  }
+  {
+    KernelEnv env("sm90");
+    auto plan = cuda::plan_mla_attention(p);
+    EXPECT_EQ(plan.ok(), is_hopper());
+    p.cache.data = d_cache.ptr + 8;  // misaligned records: only the portable kernel takes them
+    auto misaligned = cuda::plan_mla_attention(p);
+    EXPECT_FALSE(misaligned.ok());
+    p.cache.data = d_cache.ptr;
+  }
+  {
+    KernelEnv env("fastest");
+    auto plan = cuda::plan_mla_attention(p);
+    ASSERT_FALSE(plan.ok());
+    EXPECT_NE(plan.status().message().find("MLAKV_CUDA_ATTENTION"), std::string::npos) << plan.status().to_string();
+  }
+}
+
+// The portable kernel on a reduced set of every kind of case (the default on an H200
+// is the sm90 kernel, which the tests above cover).
+TEST_F(Cuda, PortableKernelWhenForced) {
+  KernelEnv env("sm80");
+  for (KvFormat f : kFormats) {
+    Case c;
+    c.format = f;
+    c.heads = 16;
+    c.s_q = 2;
+    c.block_size = 33;
+    c.splits = 3;
+    c.seqlens = {170, 0, 5};
+    c.outer_scale = format_info(f).has_outer_scale ? 0.75f : 1.0f;
+    check_case(c);
+    if (HasFatalFailure()) return;
+    c.sparse = true;
+    c.topk = 70;
+    check_case(c);
+    if (HasFatalFailure()) return;
+  }
+}
+
+// The sm90 kernel's own edge cases: many tiles per split with the ring wrapping around
+// (stages < tiles), a split boundary inside a tile, tiles that end inside a block,
+// 128 heads (8 row blocks), strided bf16 q and outer scales far from 1.
+TEST_F(Cuda, HopperKernelRingAndSplitEdges) {
+  if (!is_hopper()) GTEST_SKIP() << "not an sm_90 device";
+  KernelEnv env("sm90");
+  for (KvFormat f : kFormats) {
+    for (int variant = 0; variant < 3; ++variant) {
+      Case c;
+      c.format = f;
+      c.block_size = variant == 0 ? 64 : (variant == 1 ? 16 : 1);
+      c.heads = variant == 2 ? 128 : 16;
+      c.s_q = variant == 1 ? 4 : 1;
+      c.splits = variant == 0 ? 1 : 5;
+      c.seqlens = variant == 2 ? std::vector<int>{97} : std::vector<int>{1000, 31, 33, 600};
+      c.bf16_q = variant == 1;
+      c.outer_scale = format_info(f).has_outer_scale ? (variant == 0 ? 1e-3f : 37.0f) : 1.0f;
+      c.seed = static_cast<uint32_t>(900 + variant);
+      check_case(c);
+      if (HasFatalFailure()) return;
+    }
+  }
+}
 
 // ---- cache writers: byte-identical to the CPU codecs ---------------------------------------
 TEST_F(Cuda, WritersAreByteIdenticalToTheCpuCodecs) {

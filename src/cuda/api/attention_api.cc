@@ -1,5 +1,6 @@
 // The CUDA attention API: validation and planning on the host, then kernel launches
-// through the path select_attention_path picks (attention_path.h), then smxx's combine.
+// through the path select_attention_path picks at plan time (attention_path.h, kept in
+// AttentionPlan::path), then smxx's combine.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -34,7 +35,9 @@ Status check_device_params(const MlaAttentionParams& p) {
 int suggest_num_splits(const MlaAttentionParams& p, int multiprocessors) {
   if (p.q.ndim != 4) return 1;
   const int64_t B = p.q.size(0), s_q = p.q.size(1), H = p.q.size(2);
-  const AttentionKernels& k = attention_kernels(select_attention_path(p));
+  // The path the plan would take (sm80 where MLAKV_CUDA_ATTENTION is invalid: planning reports that).
+  const StatusOr<AttentionPath> path = select_attention_path(p);
+  const AttentionKernels& k = attention_kernels(path.ok() ? *path : AttentionPath::kSm80);
   const int rows = k.rows_per_cta;
   const int64_t ctas = p.sparse() ? B * s_q * ((H + rows - 1) / rows) : B * ((s_q * H + rows - 1) / rows);
   // Fill every CTA slot of the GPU once: slots = SMs x CTAs per SM for this format.
@@ -47,7 +50,8 @@ StatusOr<AttentionPlan> plan_mla_attention(const MlaAttentionParams& p) {
   MLAKV_RETURN_IF_ERROR(check_device_params(p));
   AttentionPlan plan;
   const int64_t B = p.q.size(0), s_q = p.q.size(1), H = p.q.size(2);
-  const AttentionKernels& k = attention_kernels(select_attention_path(p));
+  MLAKV_ASSIGN_OR_RETURN(plan.path, select_attention_path(p));
+  const AttentionKernels& k = attention_kernels(plan.path);
   const int rows = k.rows_per_cta;
   plan.num_splits = p.num_splits;
   plan.row_blocks = static_cast<int>(p.sparse() ? (H + rows - 1) / rows : (s_q * H + rows - 1) / rows);
@@ -65,6 +69,11 @@ Status run_mla_attention(const MlaAttentionParams& p, const AttentionPlan& plan,
   MLAKV_RETURN_IF_ERROR(check_device_params(p));
   if (plan.num_splits != p.num_splits) {
     return invalid_argument(fmt::format("plan is for {} splits, params ask for {}", plan.num_splits, p.num_splits));
+  }
+  const AttentionKernels& k = attention_kernels(plan.path);
+  if (!k.serves(p)) {
+    return invalid_argument(fmt::format("plan is for the {} kernel path, which cannot run these params on {}", k.name,
+                                        device_name(p.cache.device)));
   }
   if (plan.workspace_bytes > 0 && workspace == nullptr) {
     return invalid_argument(fmt::format("workspace: {} bytes needed, got a null pointer", plan.workspace_bytes));
@@ -120,7 +129,6 @@ Status run_mla_attention(const MlaAttentionParams& p, const AttentionPlan& plan,
     kp.part_lse = reinterpret_cast<float*>(static_cast<uint8_t*>(workspace) +
                                            align16(sizeof(float) * static_cast<std::size_t>(plan.num_splits * plan.partial_rows) * kLatentDim));
   }
-  const AttentionKernels& k = attention_kernels(select_attention_path(p));
   const int e = k.launch(p.cache.format, kp, plan.row_blocks, stream);
   if (e != 0 || kp.num_splits == 1) return cuda_status(e, "mla_attention kernels");
   const kernels::CombineParams cp{kp.part_o, kp.part_lse, kp.num_splits, kp.rows_total, kp.s_q, kp.H,

@@ -3,9 +3,10 @@
 // and asserted against it, so no kernel spells a byte offset or size itself.
 //
 // Two splits of a record are named here:
-//   - the reader's quarter (sm80 attention, sm80/attention/reader.cuh): four threads
-//     dequantize one record; quarter q owns latent dims [128q, 128q+128) and rope
-//     dims [16q, 16q+16);
+//   - the reader's quarter (sm80 attention, sm80/attention/reader.cuh: four threads
+//     dequantize one record; sm90 attention, sm90/attention/kernel.cuh: consumer warp
+//     q reads quarter q): quarter q owns latent dims [128q, 128q+128) and rope dims
+//     [16q, 16q+16);
 //   - the writer's lane (smxx/cache_writer.cu): one warp encodes one record; lane l
 //     owns latent dims [16l, 16l+16) and rope dims [2l, 2l+2).
 // The static_asserts also pin what the kernels' vector accesses need: 16-byte
