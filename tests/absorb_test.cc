@@ -22,6 +22,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <random>
@@ -91,7 +92,8 @@ ModelConfig tiny_config(int layers, int H = 2, int P = 3, int V = 2, int L = 4) 
   return c;
 }
 
-const KvBProjGeometry kTiny{2, 3, 2, 4};  // H, P, V, L: kv_b_proj [10, 4]
+const MlaGeometry kTiny{
+    .num_heads = 2, .kv_lora_rank = 4, .qk_nope_head_dim = 3, .v_head_dim = 2};  // kv_b_proj [10, 4]
 
 // Dense f32 kv_b_proj [10, 4] with W[n][k] = 10 n + k + offset.
 void add_dense(TensorMap& m, int layer, float offset = 0) {
@@ -230,7 +232,7 @@ TEST(AbsorbValues, Bf16PairIsTheSameFromF32AndBf16ScratchAndRoundsOnce) {
   // Random fp8 codes and non-power-of-two scales: products need rounding to bf16. The
   // expectation rounds the exact product (double) to f32, then to bf16 with this file's
   // own RNE: that is one rounding of the correctly rounded f32 value.
-  const KvBProjGeometry g{3, 8, 4, 16};  // N = 36
+  const MlaGeometry g{.num_heads = 3, .kv_lora_rank = 16, .qk_nope_head_dim = 8, .v_head_dim = 4};  // N = 36
   TensorMap m;
   std::mt19937 rng(7);
   std::vector<uint8_t> q(36 * 16);
@@ -279,7 +281,7 @@ TEST(AllocationOrders, PersistentFirstPlacesThePairBelowTheScratchAndLegacyAbove
   // All blocks are small-pool (< 1 MiB) and go into one fresh 2 MiB segment in
   // allocation order: offsets reveal the order. Geometry H=4, P=64, V=32, L=128:
   // W_UK_T 64 KiB, W_UV 32 KiB (bf16), scratch [384, 128] f32 = 192 KiB.
-  const KvBProjGeometry g{4, 64, 32, 128};
+  const MlaGeometry g{.num_heads = 4, .kv_lora_rank = 128, .qk_nope_head_dim = 64, .v_head_dim = 32};
   TensorMap m;
   put(m, kvb(0) + "weight", DType::kBF16, {384, 128}, std::vector<uint16_t>(384 * 128, 0x3F80));  // 1.0
   const std::size_t ukt = 4 * 64 * 128 * 2, uv = 4 * 128 * 32 * 2, scratch = 384 * 128 * 4;
@@ -640,7 +642,7 @@ TEST(Reload, IncompatibleReloadAllocatesNewStorageAndSaysWhy) {
   EXPECT_EQ(alloc.stats().num_allocations, 4u);  // the old pairs were released
 
   // A different head count (same layers): shapes change, and the change says which.
-  const KvBProjGeometry g4{4, 3, 2, 4};
+  const MlaGeometry g4{.num_heads = 4, .kv_lora_rank = 4, .qk_nope_head_dim = 3, .v_head_dim = 2};
   TensorMap m4;
   put(m4, kvb(0) + "weight", DType::kF32, {20, 4}, std::vector<float>(80, 2.0f));
   AbsorbedLayer& l0 = (*layers)[0];
@@ -858,7 +860,9 @@ TEST(AbsorbErrors, InvalidOptionsAndGeometry) {
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.message().find("scratch_dtype i32"), std::string::npos) << st.message();
   opt.scratch_dtype.reset();
-  st = absorb_kv_b_proj(m, kvb(0), KvBProjGeometry{2, 0, 2, 4}, alloc, opt, layer);
+  st = absorb_kv_b_proj(m, kvb(0),
+                        MlaGeometry{.num_heads = 2, .kv_lora_rank = 4, .qk_nope_head_dim = 0, .v_head_dim = 2}, alloc,
+                        opt, layer);
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.message().find("qk_nope_head_dim 0"), std::string::npos) << st.message();
   EXPECT_EQ(alloc.stats().num_backing_allocs, 0u);
@@ -930,27 +934,33 @@ TEST(AbsorbCli, ReportJsonCarriesTheLibraryFigures) {
   EXPECT_NE(std::system(bad.c_str()), 0);
 }
 
+// A checkpoint directory under TempDir(): config.json (the tiny kv_b_proj geometry with
+// `layers` layers and the given quantization_config JSON) and model.safetensors with
+// `m`'s tensors. Returns the directory.
+std::string write_tiny_checkpoint(const std::string& name, int layers, const std::string& quantization_config,
+                                  const TensorMap& m) {
+  const std::string dir = ::testing::TempDir() + name + "_" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/config.json", std::ios::binary)
+      << R"({"model_type": "deepseek_v3", "hidden_size": 8, "num_hidden_layers": )" << layers
+      << R"(, "num_attention_heads": 2, "kv_lora_rank": 4, "qk_nope_head_dim": 3, "qk_rope_head_dim": 2,
+      "v_head_dim": 2, "q_lora_rank": null, "num_nextn_predict_layers": 0, "rope_theta": 10000,
+      "quantization_config": )"
+      << quantization_config << "}";
+  std::vector<std::pair<std::string, TensorView>> tensors;
+  for (const std::string& n : m.names()) tensors.emplace_back(n, *m.find(n));
+  EXPECT_TRUE(write_safetensors(dir + "/model.safetensors", tensors).ok());
+  return dir;
+}
+
 TEST(AbsorbCli, CheckpointDirectoryWithItsQuantizationConfig) {
   // A two-layer checkpoint: config.json (fp8 blocks of 4 x 2 rows x columns, which only
   // its quantization_config says) and model.safetensors with the hand-worked fp8 layer.
-  const std::string dir = ::testing::TempDir() + "absorb_ckpt_" + std::to_string(::getpid());
-  std::filesystem::create_directories(dir);
-  {
-    std::FILE* f = std::fopen((dir + "/config.json").c_str(), "wb");
-    ASSERT_NE(f, nullptr);
-    const std::string cfg = R"({"model_type": "deepseek_v3", "hidden_size": 8, "num_hidden_layers": 2,
-      "num_attention_heads": 2, "kv_lora_rank": 4, "qk_nope_head_dim": 3, "qk_rope_head_dim": 2, "v_head_dim": 2,
-      "q_lora_rank": null, "num_nextn_predict_layers": 0, "rope_theta": 10000,
-      "quantization_config": {"quant_method": "fp8", "weight_block_size": [4, 2]}})";
-    std::fwrite(cfg.data(), 1, cfg.size(), f);
-    std::fclose(f);
-  }
   TensorMap m;
   add_fp8(m, 0);
   add_fp8(m, 1);
-  std::vector<std::pair<std::string, TensorView>> tensors;
-  for (const std::string& n : m.names()) tensors.emplace_back(n, *m.find(n));
-  ASSERT_TRUE(write_safetensors(dir + "/model.safetensors", tensors).ok());
+  const std::string dir =
+      write_tiny_checkpoint("absorb_ckpt", 2, R"({"quant_method": "fp8", "weight_block_size": [4, 2]})", m);
 
   const std::string cli = std::string(MLAKV_CLI_PATH);
   const std::string out = dir + "/out.json", err = dir + "/err.txt", absorbed = dir + "/absorbed.safetensors";
@@ -981,6 +991,31 @@ TEST(AbsorbCli, CheckpointDirectoryWithItsQuantizationConfig) {
                             "rows are not a multiple of the fp8 block rows 4"),
             std::string::npos)
       << slurp(err);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(AbsorbCli, NullQuantizationConfigIsADenseCheckpoint) {
+  // `"quantization_config": null` (what some exporters write for a dense model) reads as
+  // no quantization_config at all: the bf16 layers are detected and absorbed.
+  TensorMap m;
+  add_dense(m, 0);
+  const std::string dir = write_tiny_checkpoint("absorb_null_q", 1, "null", m);
+  const std::string cli = std::string(MLAKV_CLI_PATH);
+  const std::string out = dir + "/out.json", err = dir + "/err.txt", absorbed = dir + "/absorbed.safetensors";
+  ASSERT_EQ(std::system(
+                (cli + " absorb " + dir + " --json --dtype f32 --out " + absorbed + " >" + out + " 2>" + err).c_str()),
+            0)
+      << slurp(err);
+  const nlohmann::json j = nlohmann::json::parse(slurp(out));
+  EXPECT_EQ(j["layers"], 1);
+  EXPECT_EQ(j["encoding"], "dense");
+  StatusOr<std::unique_ptr<SafetensorsFile>> file = SafetensorsFile::open(absorbed);
+  ASSERT_TRUE(file.ok()) << file.status().to_string();
+  std::optional<TensorView> k = (*file)->find("model.layers.0.self_attn.W_UK_T");
+  std::optional<TensorView> v = (*file)->find("model.layers.0.self_attn.W_UV");
+  ASSERT_TRUE(k && v);
+  EXPECT_EQ(read(*k), kDenseUkt);
+  EXPECT_EQ(read(*v), kDenseUv);
   std::filesystem::remove_all(dir);
 }
 

@@ -26,6 +26,8 @@
 #include <thread>
 #include <vector>
 
+#include "mlakv/rng.h"
+
 namespace mlakv {
 namespace {
 
@@ -115,13 +117,9 @@ char* base(const Allocation& a) { return static_cast<char*>(a.data()); }
 
 // ---- byte patterns --------------------------------------------------------------------
 
-uint64_t mix(uint64_t x) {  // splitmix64 finalizer
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
+uint64_t pattern_word(uint64_t id, std::size_t k) {
+  return splitmix64(id) ^ (static_cast<uint64_t>(k) * 0xD6E8FEB86659FD93ull);
 }
-uint64_t pattern_word(uint64_t id, std::size_t k) { return mix(id) ^ (static_cast<uint64_t>(k) * 0xD6E8FEB86659FD93ull); }
 
 // Fills the first `n` bytes of p with allocation `id`'s pattern.
 void fill(void* p, std::size_t n, uint64_t id) {

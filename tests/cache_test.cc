@@ -113,7 +113,7 @@ TEST(PagedKvCache, WriteSkipsPaddingAndPlacesRecordsAtTheirSlots) {
     std::vector<uint8_t> want(static_cast<std::size_t>(v.record_bytes));
     for (auto [slot, tok] : {std::pair<int64_t, int>{7, 0}, {2, 2}}) {
       codec::encode_record(v.format, lat.data() + tok * kLatentDim, rope.data() + tok * kRopeDim, v.outer_scale,
-                           codec::Fp8Scales::kPow2, want.data());
+                           Fp8ScaleMode::kPow2, want.data());
       EXPECT_EQ(std::memcmp(v.record(slot), want.data(), want.size()), 0) << "layer " << layer << " slot " << slot;
     }
     // Every other slot is untouched.

@@ -55,5 +55,27 @@ TEST(Formats, GeometryOtherThan512Plus64) {
   EXPECT_EQ(record_bytes(KvFormat::kNvfp4DsMla, 512, 32), -1);
 }
 
+// visit_format reaches each format's own tag, once; a value outside the enum calls nothing
+// (the returning form gives its fallback).
+TEST(Formats, VisitFormatReachesEveryTagOnce) {
+  for (const FormatInfo& f : all_formats()) {
+    int calls = 0;
+    KvFormat seen = KvFormat::kBf16;
+    visit_format(f.format, [&](auto tag) {
+      ++calls;
+      seen = decltype(tag)::value;
+    });
+    EXPECT_EQ(calls, 1) << f.name;
+    EXPECT_EQ(seen, f.format) << f.name;
+    EXPECT_EQ(visit_format(f.format, -1, [](auto tag) { return record_bytes(decltype(tag)::value); }), f.record_bytes)
+        << f.name;
+  }
+  const auto bad = static_cast<KvFormat>(kNumKvFormats);
+  int calls = 0;
+  visit_format(bad, [&](auto) { ++calls; });
+  EXPECT_EQ(calls, 0);
+  EXPECT_EQ(visit_format(bad, -1, [](auto) { return 7; }), -1);
+}
+
 }  // namespace
 }  // namespace mlakv

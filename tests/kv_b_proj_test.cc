@@ -13,12 +13,16 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <initializer_list>
 #include <limits>
 #include <random>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include <unistd.h>
 
 #include "mlakv/numerics.h"
 
@@ -714,8 +718,8 @@ TEST(WeightDequant, Bf16OutputRoundsTheExactValueOnce) {
 
 TEST(WeightDequant, KvBProjPerHeadView) {
   // H = 2, P = 3, V = 5, L = 16: W [16, 16], viewed [2, 8, 16].
-  const KvBProjGeometry geo{2, 3, 5, 16};
-  ASSERT_EQ(geo.rows(), 16);
+  const MlaGeometry geo{.num_heads = 2, .kv_lora_rank = 16, .qk_nope_head_dim = 3, .v_head_dim = 5};
+  ASSERT_EQ(geo.kv_b_rows(), 16);
   std::vector<uint16_t> w(16 * 16);
   for (int i = 0; i < 16 * 16; ++i) w[static_cast<std::size_t>(i)] = bf16_bits_of(static_cast<float>(i - 100));
   TensorMap m;
@@ -734,8 +738,9 @@ TEST(WeightDequant, KvBProjPerHeadView) {
   }
   expect_error(dequantize_kv_b_proj(m, kPrefix, geo, {}, TensorView::contiguous(out.data(), DType::kF32, {2, 9, 16})),
                StatusCode::kInvalidArgument, {"out", "[2, 8, 16]"});
-  expect_error(dequantize_kv_b_proj(m, kPrefix, KvBProjGeometry{2, 0, 5, 16}, {},
-                                    TensorView::contiguous(out.data(), DType::kF32, {2, 8, 16})),
+  expect_error(dequantize_kv_b_proj(
+                   m, kPrefix, MlaGeometry{.num_heads = 2, .kv_lora_rank = 16, .qk_nope_head_dim = 0, .v_head_dim = 5},
+                   {}, TensorView::contiguous(out.data(), DType::kF32, {2, 8, 16})),
                StatusCode::kInvalidArgument, {"qk_nope_head_dim 0"});
 }
 
@@ -966,6 +971,93 @@ TEST(WeightQuantOptions, ParseQuantizationConfig) {
                {"weight_block_size"});
   expect_error(parse("{not json").status(), StatusCode::kInvalidArgument, {"not valid JSON"});
   expect_error(parse(R"({"bits": 4})").status(), StatusCode::kInvalidArgument, {"quant_method"});
+}
+
+// The one reader of a checkpoint's quantization settings: a whole config.json.
+void expect_defaults(const StatusOr<WeightQuantOptions>& o, const char* what) {
+  ASSERT_TRUE(o.ok()) << what << ": " << o.status().to_string();
+  EXPECT_FALSE(o->encoding.has_value()) << what;
+  EXPECT_EQ(o->bits, 4) << what;
+  EXPECT_EQ(o->group_size, 0) << what;
+  EXPECT_EQ(o->gptq_format, GptqFormat::kV1) << what;
+  EXPECT_EQ(o->fp8_block_rows, 128) << what;
+  EXPECT_EQ(o->fp8_block_cols, 128) << what;
+}
+
+TEST(WeightQuantOptions, CheckpointConfigAbsentAndNullAreTheSame) {
+  const char* absent = R"({"model_type": "deepseek_v3", "kv_lora_rank": 512})";
+  const char* null = R"({"model_type": "deepseek_v3", "quantization_config": null, "kv_lora_rank": 512})";
+  expect_defaults(parse_checkpoint_quant_options(absent, "a/config.json"), "absent");
+  expect_defaults(parse_checkpoint_quant_options(null, "a/config.json"), "null");
+  // parse_weight_quant_options agrees on null, given the config or the bare object.
+  expect_defaults(parse_weight_quant_options(null), "null via parse_weight_quant_options");
+  expect_defaults(parse_weight_quant_options("null"), "bare null");
+}
+
+TEST(WeightQuantOptions, CheckpointConfigEachMethod) {
+  auto with = [](const std::string& q) {
+    return parse_checkpoint_quant_options(R"({"model_type": "deepseek_v3", "quantization_config": )" + q + "}",
+                                          "ckpt/config.json");
+  };
+  {
+    const auto o = with(R"({"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [64, 32]})");
+    ASSERT_TRUE(o.ok()) << o.status().to_string();
+    EXPECT_EQ(o->fp8_block_rows, 64);
+    EXPECT_EQ(o->fp8_block_cols, 32);
+    EXPECT_FALSE(o->encoding.has_value());
+  }
+  {
+    const auto o = with(R"({"quant_method": "gptq", "bits": 4, "group_size": 32, "checkpoint_format": "gptq_v2"})");
+    ASSERT_TRUE(o.ok()) << o.status().to_string();
+    EXPECT_EQ(o->gptq_format, GptqFormat::kV2);
+    EXPECT_EQ(o->group_size, 32);
+  }
+  {
+    const auto o = with(R"({"quant_method": "gptq", "bits": 4, "group_size": -1})");
+    ASSERT_TRUE(o.ok()) << o.status().to_string();
+    EXPECT_EQ(o->gptq_format, GptqFormat::kV1);
+    EXPECT_EQ(o->group_size, -1);
+  }
+  {
+    const auto o = with(R"({"quant_method": "awq", "bits": 4, "group_size": 64, "version": "gemm"})");
+    ASSERT_TRUE(o.ok()) << o.status().to_string();
+    EXPECT_EQ(o->group_size, 64);
+  }
+  expect_defaults(with(R"({"quant_method": "modelopt", "quant_algo": "NVFP4"})"), "modelopt");
+  expect_defaults(with(R"({"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized"})"),
+                  "compressed-tensors");
+  // Errors are parse_weight_quant_options's, with the source in front.
+  expect_error(with(R"({"quant_method": "bitsandbytes"})").status(), StatusCode::kUnimplemented,
+               {"ckpt/config.json", "bitsandbytes"});
+  expect_error(with(R"({"bits": 4})").status(), StatusCode::kInvalidArgument, {"ckpt/config.json", "quant_method"});
+  expect_error(with(R"("fp8")").status(), StatusCode::kInvalidArgument, {"ckpt/config.json", "JSON object"});
+  expect_error(parse_checkpoint_quant_options("[1, 2]", "x.json").status(), StatusCode::kInvalidArgument,
+               {"x.json", "JSON object"});
+  expect_error(parse_checkpoint_quant_options("{oops", "x.json").status(), StatusCode::kInvalidArgument,
+               {"x.json", "not valid JSON"});
+}
+
+TEST(WeightQuantOptions, LoadFromDirectoryOrFile) {
+  const std::string dir = ::testing::TempDir() + "quant_ckpt_" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream f(dir + "/config.json", std::ios::binary);
+    f << R"({"model_type": "glm4_moe_lite", "quantization_config": {"quant_method": "fp8", "weight_block_size": [4, 2]}})";
+  }
+  for (const std::string& path : {dir, dir + "/config.json"}) {
+    const auto o = load_checkpoint_quant_options(path);
+    ASSERT_TRUE(o.ok()) << path << ": " << o.status().to_string();
+    EXPECT_EQ(o->fp8_block_rows, 4) << path;
+    EXPECT_EQ(o->fp8_block_cols, 2) << path;
+  }
+  {
+    std::ofstream f(dir + "/config.json", std::ios::binary | std::ios::trunc);
+    f << R"({"model_type": "glm4_moe_lite", "quantization_config": null})";
+  }
+  expect_defaults(load_checkpoint_quant_options(dir), "null on disk");
+  std::filesystem::remove(dir + "/config.json");
+  expect_error(load_checkpoint_quant_options(dir).status(), StatusCode::kNotFound, {"config.json"});
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

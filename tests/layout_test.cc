@@ -30,7 +30,7 @@ const std::map<std::string, int> kRank = {
 // mla_geometry.h are plain data (the model's shape) that every room may read; their
 // readers (presets, config.json) live in src/model/.
 const std::map<std::string, std::string> kPublicRoom = {
-    {"status", "core"},          {"tensor", "core"},          {"file_io", "core"},
+    {"status", "core"},          {"tensor", "core"},          {"file_io", "core"},       {"rng", "core"},
     {"numerics", "format"},      {"formats", "format"},       {"codec", "format"},
     {"mla_geometry", "format"},  {"model_config", "format"},  {"allocator", "memory"},
     {"cache", "cache"},          {"attention", "attention"},  {"attn_state", "attention"},

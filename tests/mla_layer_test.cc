@@ -64,10 +64,7 @@ std::string slurp(const std::string& path) {
 }
 
 WeightQuantOptions quant_of(const std::string& dir) {
-  const std::string text = slurp(dir + "/config.json");
-  const auto j = nlohmann::json::parse(text);
-  if (!j.contains("quantization_config")) return {};
-  auto q = parse_weight_quant_options(text);
+  auto q = load_checkpoint_quant_options(dir);
   EXPECT_TRUE(q.ok()) << q.status().to_string();
   return q.ok() ? *q : WeightQuantOptions{};
 }
@@ -663,12 +660,15 @@ TEST(MlaLayerForward, BadArguments) {
 TEST(MlaLayerAbsorb, PerHeadInterleaveByHand) {
   // H = 2, P = 1, V = 2, L = 3: rows h*(P+V) + p are W_UK, the next V rows W_UV^T.
   const std::vector<float> kv_b = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18};
+  auto geo = [](int H, int P, int V, int L) {
+    return MlaGeometry{.num_heads = H, .kv_lora_rank = L, .qk_nope_head_dim = P, .v_head_dim = V};
+  };
   std::vector<float> uk, uv;
-  ASSERT_TRUE(absorb_kv_b_proj(kv_b, 2, 1, 2, 3, uk, uv).ok());
+  ASSERT_TRUE(absorb_kv_b_proj(kv_b, geo(2, 1, 2, 3), uk, uv).ok());
   EXPECT_EQ(uk, (std::vector<float>{1, 2, 3, 10, 11, 12}));
   EXPECT_EQ(uv, (std::vector<float>{4, 7, 5, 8, 6, 9, 13, 16, 14, 17, 15, 18}));
-  EXPECT_EQ(absorb_kv_b_proj(kv_b, 2, 1, 2, 4, uk, uv).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(absorb_kv_b_proj(kv_b, 0, 1, 2, 3, uk, uv).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(absorb_kv_b_proj(kv_b, geo(2, 1, 2, 4), uk, uv).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(absorb_kv_b_proj(kv_b, geo(0, 1, 2, 3), uk, uv).code(), StatusCode::kInvalidArgument);
 }
 
 // ---- the CLI -----------------------------------------------------------------------------

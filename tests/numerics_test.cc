@@ -69,6 +69,29 @@ TEST(Numerics, AllBf16CodesDecode) {
   }
 }
 
+TEST(Numerics, AllF16CodesDecode) {
+  for (uint32_t c = 0; c < 65536; ++c) {
+    const int s = (c >> 15) & 1, e = (c >> 10) & 0x1F, m = c & 0x3FF;
+    const float got = f16_to_f32(static_cast<uint16_t>(c));
+    ASSERT_EQ(std::signbit(got), s != 0) << "code " << c;
+    if (e == 0x1F) {
+      if (m == 0) {
+        ASSERT_TRUE(std::isinf(got)) << c;
+      } else {
+        ASSERT_TRUE(std::isnan(got)) << c;
+        // the payload moves to the top of float32's mantissa
+        ASSERT_EQ(std::bit_cast<uint32_t>(got) & 0x7FFFFFu, static_cast<uint32_t>(m) << 13) << c;
+      }
+      continue;
+    }
+    const double mag = e == 0 ? std::ldexp(m / 1024.0, -14) : std::ldexp(1.0 + m / 1024.0, e - 15);
+    ASSERT_EQ(static_cast<double>(got), s ? -mag : mag) << "code " << c;
+  }
+  EXPECT_EQ(f16_to_f32(0x3C00), 1.0f);
+  EXPECT_EQ(f16_to_f32(0x7BFF), 65504.0f);
+  EXPECT_EQ(f16_to_f32(0x0001), std::ldexp(1.0f, -24));
+}
+
 TEST(Numerics, AllUe8m0CodesDecode) {
   for (int c = 0; c < 255; ++c) {
     EXPECT_EQ(static_cast<double>(ue8m0_to_f32(static_cast<uint8_t>(c))), std::ldexp(1.0, c - 127)) << c;

@@ -32,6 +32,7 @@
 
 #include "mlakv/allocator.h"
 #include "mlakv/kv_b_proj.h"
+#include "mlakv/mla_geometry.h"
 #include "mlakv/model_config.h"
 #include "mlakv/status.h"
 #include "mlakv/tensor.h"
@@ -96,13 +97,13 @@ struct KvBProjStorage {
 //  - whatever detect_weight_encoding reports for storage no encoding matches.
 // Scale shapes are checked by the dequantizer. A prefix without a trailing '.' gets one.
 StatusOr<KvBProjStorage> resolve_kv_b_proj_storage(const TensorSource& src, std::string_view prefix,
-                                                   const KvBProjGeometry& geo, const WeightQuantOptions& quant);
+                                                   const MlaGeometry& geo, const WeightQuantOptions& quant);
 
 // One layer's absorbed pair. Owns its storage: the CachingAllocator it came from must
 // outlive it. Move-only.
 struct AbsorbedLayer {
   int layer = -1;                 // decoder layer index (-1 when absorbed on its own)
-  KvBProjGeometry geometry;       // H = the heads of this rank
+  MlaGeometry geometry;  // H = the heads of this rank; the pair is [H, P, L], [H, L, V]
   DType dtype = DType::kBF16;     // of W_UK_T and W_UV
   Device device;                  // where the pair lives: the allocator's device
   WeightEncoding source_encoding = WeightEncoding::kDense;
@@ -127,8 +128,9 @@ struct LayerStorageChange {
 };
 
 // Absorbs the kv_b_proj under `prefix` (e.g. "model.layers.3.self_attn.kv_b_proj.")
-// whose geometry is `geo` into `layer`, allocating from `alloc`.
-//  - A pair `layer` already holds with the same geometry, dtype and device is reused:
+// whose geometry is `geo` (H, P, V, L are read; a ModelConfig passes as its geometry)
+// into `layer`, allocating from `alloc`.
+//  - A pair `layer` already holds with the same H, P, V, L, dtype and device is reused:
 //    values are copied in place and its addresses are kept. Otherwise new storage is
 //    allocated and the old pair released once the new one is written.
 //  - Allocation order per `opt.order`; scratch and staged tensors are freed before
@@ -140,7 +142,7 @@ struct LayerStorageChange {
 // resolve_kv_b_proj_storage and dequantize_kv_b_proj; kUnimplemented when values are
 // to be written but the allocator's memory is not host memory (use placement_only);
 // kResourceExhausted from the allocator.
-Status absorb_kv_b_proj(const TensorSource& src, std::string_view prefix, const KvBProjGeometry& geo,
+Status absorb_kv_b_proj(const TensorSource& src, std::string_view prefix, const MlaGeometry& geo,
                         CachingAllocator& alloc, const AbsorbOptions& opt, AbsorbedLayer& layer,
                         LayerStorageChange* change = nullptr);
 
@@ -218,7 +220,7 @@ struct AbsorbMemoryRun {
 
 struct AbsorbMemoryReport {
   int layers = 0;
-  KvBProjGeometry rank_geometry;  // H = heads per rank
+  MlaGeometry rank_geometry;  // the config's, with H = heads per rank
   WeightEncoding encoding = WeightEncoding::kDense;  // of layer 0
   std::size_t pair_bytes_per_layer = 0;     // W_UK_T + W_UV
   std::size_t scratch_bytes_per_layer = 0;  // the dequantized kv_b_proj

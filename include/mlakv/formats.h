@@ -96,6 +96,44 @@ static_assert(kOuterScaleDenominator == 6.0 * 448.0);
 
 }  // namespace layout
 
+// ---- the format switch -----------------------------------------------------------------
+// The one switch over KvFormat outside src/cuda (whose common/dispatch_format.h is the
+// same thing for the kernels): visit_format calls fn(FormatTag<F>{}) with the
+// compile-time F equal to the run-time f. Code per format then reads
+// `if constexpr (decltype(tag)::value == KvFormat::k...)` or overloads on the tag, and a
+// kernel can be instantiated per format by hoisting the visit out of its loop. Host and
+// device. A value outside the enum (callers validate formats first, so: memory
+// corruption) calls nothing; the returning form then gives `fallback`.
+//   visit_format(f, [&](auto tag) { encode<decltype(tag)::value>(...); });
+//   return visit_format(f, Status::Ok(), [&](auto tag) -> Status { ... });
+template <KvFormat F>
+struct FormatTag {
+  static constexpr KvFormat value = F;
+};
+
+static_assert(kNumKvFormats == 4, "visit_format: add a case for the new KvFormat");
+
+template <class Fn>
+MLAKV_HD constexpr void visit_format(KvFormat f, Fn&& fn) {
+  switch (f) {
+    case KvFormat::kBf16: fn(FormatTag<KvFormat::kBf16>{}); return;
+    case KvFormat::kFp8DsMla: fn(FormatTag<KvFormat::kFp8DsMla>{}); return;
+    case KvFormat::kNvfp4DsMla: fn(FormatTag<KvFormat::kNvfp4DsMla>{}); return;
+    case KvFormat::kNvfp4DsMlaFp8Rope: fn(FormatTag<KvFormat::kNvfp4DsMlaFp8Rope>{}); return;
+  }
+}
+
+template <class R, class Fn>
+MLAKV_HD constexpr R visit_format(KvFormat f, R fallback, Fn&& fn) {
+  switch (f) {
+    case KvFormat::kBf16: return fn(FormatTag<KvFormat::kBf16>{});
+    case KvFormat::kFp8DsMla: return fn(FormatTag<KvFormat::kFp8DsMla>{});
+    case KvFormat::kNvfp4DsMla: return fn(FormatTag<KvFormat::kNvfp4DsMla>{});
+    case KvFormat::kNvfp4DsMlaFp8Rope: return fn(FormatTag<KvFormat::kNvfp4DsMlaFp8Rope>{});
+  }
+  return fallback;
+}
+
 // One contiguous byte region of a record, for docs, `mlakv formats` and tests.
 struct RecordRegion {
   int offset;

@@ -42,8 +42,10 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
 
+#include "mlakv/mla_geometry.h"
 #include "mlakv/status.h"
 #include "mlakv/tensor.h"
 #include "mlakv/tensor_source.h"
@@ -89,10 +91,23 @@ struct WeightQuantOptions {
 // of that object, or of a whole config.json holding one). Understands quant_method
 // "fp8" (weight_block_size), "gptq" (bits, group_size, checkpoint_format), "awq"
 // (bits / w_bit, group_size / q_group_size; version must be "gemm"), "modelopt" and
-// "compressed-tensors" (nothing to read). Never forces `encoding`. Fails on malformed
-// JSON, a missing or unknown quant_method, a field of the wrong type, a GPTQ
+// "compressed-tensors" (nothing to read). Never forces `encoding`. A null object (the
+// text `null`, or a config.json with `"quantization_config": null`) means "not
+// quantized" and returns the defaults, as load_checkpoint_quant_options does. Fails on
+// malformed JSON, a missing or unknown quant_method, a field of the wrong type, a GPTQ
 // checkpoint_format other than gptq / gptq_v2, or an AWQ version other than GEMM.
 StatusOr<WeightQuantOptions> parse_weight_quant_options(std::string_view quantization_config_json);
+
+// THE reader of a checkpoint's quantization settings (every command and loader uses it).
+// `config_json` is a whole config.json; a `quantization_config` that is absent or null
+// means the same thing: no settings, the defaults above (each layer's encoding is still
+// detected from its tensors, so a dense checkpoint loads). An object is read by
+// parse_weight_quant_options, its errors prefixed with `source` (a path). Fails with
+// kInvalidArgument naming `source` when the text is not a JSON object.
+StatusOr<WeightQuantOptions> parse_checkpoint_quant_options(std::string_view config_json, std::string_view source);
+// The same from `path`, a config.json file or a checkpoint directory holding one
+// (kNotFound / kIoError from reading it).
+StatusOr<WeightQuantOptions> load_checkpoint_quant_options(const std::string& path);
 
 // Which encoding the layer under `prefix` uses, from whichever storage tensor exists:
 // `weight` (its dtype decides: bf16/f16/f32 dense, e4m3 fp8 block, u8 ModelOpt NVFP4),
@@ -117,20 +132,11 @@ StatusOr<WeightEncoding> detect_weight_encoding(const TensorSource& src, std::st
 Status dequantize_weight(const TensorSource& src, std::string_view prefix, int64_t N, int64_t K,
                          const WeightQuantOptions& opt, const TensorView& out);
 
-// kv_b_proj's geometry (config.json: num_attention_heads, qk_nope_head_dim,
-// v_head_dim, kv_lora_rank), or that of a tensor-parallel shard when the source holds
-// the shard's heads only.
-struct KvBProjGeometry {
-  int64_t num_heads = 0;         // H
-  int64_t qk_nope_head_dim = 0;  // P
-  int64_t v_head_dim = 0;        // V
-  int64_t kv_lora_rank = 0;      // L
-  int64_t rows() const { return num_heads * (qk_nope_head_dim + v_head_dim); }  // N
-};
-
 // dequantize_weight for kv_b_proj: `out` is [H*(P+V), L] or the per-head view
-// [H, P+V, L] (f32 or bf16, CPU, contiguous).
-Status dequantize_kv_b_proj(const TensorSource& src, std::string_view prefix, const KvBProjGeometry& geo,
+// [H, P+V, L] (f32 or bf16, CPU, contiguous). Of `geo` only H (num_heads: the heads the
+// source holds, a tensor-parallel shard's when it holds one shard), P, V and L are read;
+// a ModelConfig passes as its geometry.
+Status dequantize_kv_b_proj(const TensorSource& src, std::string_view prefix, const MlaGeometry& geo,
                             const WeightQuantOptions& opt, const TensorView& out);
 
 }  // namespace mlakv

@@ -17,8 +17,9 @@
 // OUTPUT does not depend on that choice.
 //
 // Arithmetic: weights and activations are float32; every matmul accumulates in float64
-// and rounds once, so the layer is at least as accurate as a float32 framework (the
-// HF parity tests check this against transformers in float32 and float64).
+// and rounds once (W_UV and o_proj together: the per-head W_UV products stay float64),
+// so the layer is at least as accurate as a float32 framework (the HF parity tests
+// check this against transformers in float32 and float64).
 //
 // All functions validate their arguments and return a Status naming the problem; none
 // throws or aborts.
@@ -31,6 +32,7 @@
 
 #include "mlakv/cache.h"
 #include "mlakv/kv_b_proj.h"
+#include "mlakv/mla_geometry.h"
 #include "mlakv/model_config.h"
 #include "mlakv/status.h"
 #include "mlakv/tensor.h"
@@ -44,13 +46,7 @@ class ThreadPool;
 // like nn.Linear.weight.
 struct MlaLayerWeights {
   int layer = -1;
-  int hidden_size = 0;       // D
-  int num_heads = 0;         // H
-  int q_lora_rank = 0;       // 0: plain q_proj
-  int kv_lora_rank = 0;      // L
-  int qk_nope_head_dim = 0;  // P
-  int qk_rope_head_dim = 0;  // R
-  int v_head_dim = 0;        // V
+  MlaGeometry geometry;  // D, H, q_lora, L, P, R, V of the vectors below
 
   std::vector<float> q_a_proj;   // [q_lora, D]      (q_lora > 0)
   std::vector<float> q_a_bias;   // [q_lora] or empty
@@ -70,7 +66,7 @@ struct MlaLayerWeights {
 
 struct MlaLoadOptions {
   // Checkpoint encodings (detected per projection unless forced; fp8 block shape, GPTQ
-  // group size...): pass parse_weight_quant_options(config.json) for quantized checkpoints.
+  // group size...): load_checkpoint_quant_options(checkpoint) reads them for a checkpoint.
   WeightQuantOptions quant;
   // Tensor name prefix; empty means "model.layers.<layer>.self_attn.".
   std::string prefix;
@@ -98,8 +94,9 @@ Status validate_mla_layer_weights(const MlaLayerWeights& w, const ModelConfig& c
 //   kv_b   [H*(P+V), L] f32, viewed [H, P+V, L]: rows [0, P) of head h are W_UK, [P, P+V) W_UV
 //   w_uk_t [H, P, L]: w_uk_t[h][p][l] = kv_b[h*(P+V) + p][l]
 //   w_uv   [H, L, V]: w_uv[h][l][v]   = kv_b[h*(P+V) + P + v][l]
-// Fails on non-positive sizes or a buffer of the wrong size.
-Status absorb_kv_b_proj(const std::vector<float>& kv_b, int H, int P, int V, int L, std::vector<float>& w_uk_t,
+// H, P, V, L are those of `geo` (a ModelConfig passes as its geometry). Fails on
+// non-positive sizes or a buffer of the wrong size.
+Status absorb_kv_b_proj(const std::vector<float>& kv_b, const MlaGeometry& geo, std::vector<float>& w_uk_t,
                         std::vector<float>& w_uv);
 
 // Stage 1, no cache involved: projections, norms, RoPE and q absorption for T tokens.

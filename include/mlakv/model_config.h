@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "mlakv/mla_geometry.h"
 #include "mlakv/status.h"
 
 namespace mlakv {
@@ -38,18 +39,15 @@ struct RopeConfig {
   bool interleaved = true;
 };
 
-struct ModelConfig {
+// The model's MLA geometry (hidden_size, num_heads = all H of the model, q_lora_rank,
+// kv_lora_rank, qk_nope/rope_head_dim, v_head_dim, qk_head_dim()) is the MlaGeometry
+// base: a ModelConfig is passed wherever a layer, dequantization or absorption wants
+// the geometry, and geometry() names that view.
+struct ModelConfig : MlaGeometry {
   std::string name;        // preset name or the config's path
   std::string model_type;  // config.json model_type
-  int hidden_size = 0;     // D
   int num_layers = 0;      // decoder layers with MLA attention
   int num_mtp_layers = 0;  // next-token-prediction layers (they cache KV too)
-  int num_heads = 0;       // H
-  int q_lora_rank = 0;     // 0: plain q_proj
-  int kv_lora_rank = 0;    // L
-  int qk_nope_head_dim = 0;  // P
-  int qk_rope_head_dim = 0;  // R
-  int v_head_dim = 0;        // V
   double rms_norm_eps = 1e-6;
   double kv_norm_eps = 1e-6;  // HF builds kv_a_layernorm with 1e-6 whatever rms_norm_eps says
   double q_norm_eps = 1e-6;   // ... and q_a_layernorm the same way
@@ -61,7 +59,8 @@ struct ModelConfig {
   int index_head_dim = 0;
   int index_topk = 0;
 
-  int qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
+  const MlaGeometry& geometry() const { return *this; }
+  MlaGeometry& geometry() { return *this; }
   int cache_layers() const { return num_layers + num_mtp_layers; }
   // (P+R)^-0.5 * m^2 with m = 0.1 * mscale_all_dim * ln(factor) + 1 under YaRN with a
   // non-zero mscale_all_dim (DeepSeek: 0.135234, Kimi K2 f=32: 0.130861, GLM-5: 0.0625).

@@ -106,6 +106,20 @@ MLAKV_HD uint16_t f32_to_bf16(float x) {
   return static_cast<uint16_t>((u + 0x7FFFu + lsb) >> 16);
 }
 
+// ---- IEEE binary16 (f16) -----------------------------------------------------------
+// Exact: every f16 value, subnormals, Inf and NaN (payload kept) is a float32. The KV
+// formats do not use f16; f16 dense weights, GPTQ/AWQ scales and f16 activations do.
+MLAKV_HD float f16_to_f32(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
+  if (e == 0x1Fu) return f32_from_bits(sign | 0x7F800000u | (m << 13));  // Inf / NaN
+  if (e == 0) {
+    const float v = static_cast<float>(m) * 5.9604644775390625e-8f;  // m * 2^-24, exact
+    return sign ? -v : v;
+  }
+  return f32_from_bits(sign | ((e - 15u + 127u) << 23) | (m << 13));
+}
+
 // ---- fp8 e4m3fn (bias 7, no Inf, NaN = S.1111.111) ----------------------------------
 MLAKV_HD float e4m3_to_f32(uint8_t c) {
   const uint32_t sign = static_cast<uint32_t>(c & 0x80u) << 24;

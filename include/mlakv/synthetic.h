@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "mlakv/rng.h"
+
 namespace mlakv::synthetic {
 
 struct LatentStats {
@@ -33,8 +35,8 @@ class LatentGenerator {
  private:
   LatentStats s_;
   std::vector<float> gamma_;
-  uint64_t state_;
-  float normal();
+  SplitMix64 rng_;
+  float normal() { return rng_.normal(); }
 };
 
 }  // namespace mlakv::synthetic

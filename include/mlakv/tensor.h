@@ -60,12 +60,18 @@ struct TensorView {
   T* ptr() const { return static_cast<T*>(data); }
 };
 
+// What check_tensor requires of the strides (a negative stride always fails).
+enum class Strides : uint8_t {
+  kInnerContiguous,  // the last dimension has stride 1; rows may have gaps (the default)
+  kContiguous,       // the whole tensor row-major without gaps (TensorView::is_contiguous)
+};
+
 // Argument validation shared by the API layers. `shape` entries of -1 accept any
 // extent. On failure the Status names `name` and what was expected versus given.
 struct TensorSpec {
   std::initializer_list<DType> dtypes;
   std::initializer_list<int64_t> shape;
-  bool inner_contiguous = true;  // last dimension has stride 1
+  Strides strides = Strides::kInnerContiguous;
 };
 Status check_tensor(const TensorView& t, std::string_view name, const TensorSpec& spec, Device device);
 

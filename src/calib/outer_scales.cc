@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/file_io.h"
+#include "format/load_float.h"
 #include "mlakv/numerics.h"
 
 namespace mlakv {
@@ -23,17 +24,6 @@ std::string shown(const json& v) {
   std::string s = v.dump();
   if (s.size() > 60) s = s.substr(0, 60) + "...";
   return s;
-}
-
-float f16_to_f32(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
-  if (e == 0x1Fu) return f32_from_bits(sign | 0x7F800000u | (m << 13));
-  if (e == 0) {
-    const float v = static_cast<float>(m) * 5.9604644775390625e-8f;
-    return sign ? -v : v;
-  }
-  return f32_from_bits(sign | ((e - 15u + 127u) << 23) | (m << 13));
 }
 
 // A scale the cache can hold: finite, > 0, and still so in float32.
@@ -221,14 +211,7 @@ Status OuterScaleCalibrator::add(int layer, const TensorView& x, std::string_vie
   for (int64_t t = 0; t < x.size(0); ++t) {
     const auto* row = static_cast<const uint8_t*>(x.data) + t * x.stride(0) * static_cast<int64_t>(dtype_size(x.dtype));
     for (int d = 0; d < kLatentDim; ++d) {
-      float v;
-      if (x.dtype == DType::kF32) {
-        std::memcpy(&v, row + 4 * d, 4);
-      } else {
-        uint16_t h;
-        std::memcpy(&h, row + 2 * d, 2);
-        v = x.dtype == DType::kBF16 ? bf16_to_f32(h) : f16_to_f32(h);
-      }
+      const float v = load_as_f32(row, x.dtype, d);
       if (!std::isfinite(v)) {
         return data_loss(fmt::format("{} (layer {}): value at [{}, {}] is not finite ({})", what, layer, t, d, v));
       }

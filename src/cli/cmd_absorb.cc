@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <filesystem>
 #include <map>
 #include <memory>
 #include <optional>
@@ -13,7 +12,6 @@
 
 #include "cli/cli.h"
 #include "cli/progress.h"
-#include "core/file_io.h"
 #include "mlakv/absorb.h"
 #include "mlakv/hf_config.h"
 #include "mlakv/safetensors.h"
@@ -121,17 +119,7 @@ StatusOr<Source> open_source(const AbsorbArgs& a) {
     s.tensors = std::move(ckpt);
     // The checkpoint's quantization_config says what the tensors cannot (fp8 block shape,
     // GPTQ zero convention, group size).
-    const std::filesystem::path cfg = std::filesystem::path(a.model_dir) / "config.json";
-    std::error_code ec;
-    if (std::filesystem::is_regular_file(cfg, ec)) {
-      MLAKV_ASSIGN_OR_RETURN(std::vector<uint8_t> text, io::read_file(cfg.string()));
-      const std::string json(text.begin(), text.end());
-      if (json.find("\"quantization_config\"") != std::string::npos) {
-        StatusOr<WeightQuantOptions> q = parse_weight_quant_options(json);
-        if (!q.ok()) return q.status().with_context(cfg.string());
-        s.quant = *q;
-      }
-    }
+    MLAKV_ASSIGN_OR_RETURN(s.quant, load_checkpoint_quant_options(a.model_dir));
   }
   s.quant.encoding = forced;
   if (a.layers) {
@@ -204,7 +192,7 @@ Status run_report(const AbsorbArgs& a, const Source& s, const AbsorbModelOptions
   MLAKV_ASSIGN_OR_RETURN(AbsorbMemoryReport r, measure_absorb_memory(*s.tensors, s.config, o, mem));
   if (pr) pr->finish();
 
-  const KvBProjGeometry& g = r.rank_geometry;
+  const MlaGeometry& g = r.rank_geometry;
   const DType sdt = o.absorb.scratch_dtype.value_or(o.absorb.dtype);
   const auto rbu_change = static_cast<double>(r.persistent_first.after_load.reserved_but_unallocated) -
                           static_cast<double>(r.scratch_first.after_load.reserved_but_unallocated);
@@ -310,7 +298,7 @@ Status run_absorb(const AbsorbArgs& a) {
          {"allocation_order", std::string(allocation_order_name(o.absorb.order))}}));
   }
   const AbsorbedLayer& first = layers.front();
-  const KvBProjGeometry& g = first.geometry;
+  const MlaGeometry& g = first.geometry;
   if (a.json) {
     print_json({{"model", s.config.name},
                 {"source", s.tensors->describe()},

@@ -5,11 +5,9 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <filesystem>
 #include <numeric>
 
 #include "cli/cli.h"
-#include "core/file_io.h"
 #include "mlakv/hf_config.h"
 #include "mlakv/mla_layer.h"
 #include "mlakv/outer_scales.h"
@@ -27,23 +25,6 @@ struct LayerForwardArgs {
   int threads = 0;
   bool json = false;
 };
-
-// The checkpoint's quantization_config, when config.json has one.
-StatusOr<WeightQuantOptions> quant_options(const std::string& model) {
-  std::string file = model;
-  std::error_code ec;
-  if (std::filesystem::is_directory(model, ec)) file = (std::filesystem::path(model) / "config.json").string();
-  MLAKV_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, io::read_file(file));
-  const std::string_view text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
-  const nlohmann::json j = nlohmann::json::parse(text.begin(), text.end(), nullptr, false);
-  if (j.is_discarded() || !j.is_object() || !j.contains("quantization_config") ||
-      j.at("quantization_config").is_null()) {
-    return WeightQuantOptions{};
-  }
-  auto q = parse_weight_quant_options(text);
-  if (!q.ok()) return q.status().with_context(file);
-  return q;
-}
 
 StatusOr<TensorView> input_tensor(const SafetensorsFile& f, const char* name, DType dtype, int ndim) {
   const std::optional<TensorView> t = f.find(name);
@@ -65,7 +46,7 @@ Status run_layer_forward(const LayerForwardArgs& a) {
   if (a.threads < 0) return invalid_argument(fmt::format("--threads must be >= 0, got {}", a.threads));
 
   MLAKV_ASSIGN_OR_RETURN(ModelConfig cfg, load_hf_config(a.model));
-  MLAKV_ASSIGN_OR_RETURN(WeightQuantOptions quant, quant_options(a.model));
+  MLAKV_ASSIGN_OR_RETURN(WeightQuantOptions quant, load_checkpoint_quant_options(a.model));
   if (a.layer < 0 || a.layer >= cfg.cache_layers()) {
     return out_of_range(fmt::format("--layer {} is outside [0, {}) for {}", a.layer, cfg.cache_layers(), cfg.name));
   }

@@ -108,7 +108,7 @@ Status check_tensor(const TensorView& t, std::string_view name, const TensorSpec
     }
     ++d;
   }
-  if (spec.inner_contiguous && t.ndim > 0 && t.size(t.ndim - 1) > 1 && t.stride(t.ndim - 1) != 1) {
+  if (t.ndim > 0 && t.size(t.ndim - 1) > 1 && t.stride(t.ndim - 1) != 1) {
     return invalid_argument(fmt::format("{}: the last dimension must be contiguous (stride 1), got stride {}",
                                         name, t.stride(t.ndim - 1)));
   }
@@ -116,6 +116,11 @@ Status check_tensor(const TensorView& t, std::string_view name, const TensorSpec
     if (t.stride(k) < 0) {
       return invalid_argument(fmt::format("{}: negative stride {} in dimension {}", name, t.stride(k), k));
     }
+  }
+  if (spec.strides == Strides::kContiguous && !t.is_contiguous()) {
+    return invalid_argument(fmt::format("{}: must be contiguous (row-major, no gaps), got shape {} with strides [{}]",
+                                        name, t.shape_string(),
+                                        fmt::join(t.strides.begin(), t.strides.begin() + t.ndim, ", ")));
   }
   return Status::Ok();
 }

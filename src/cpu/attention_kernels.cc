@@ -126,30 +126,26 @@ HWY_INLINE void Nvfp4LatentToF32(const uint8_t* rec, float outer, float* dst) {
 
 // One record -> one float tile row [latent (maybe permuted) | rope].
 HWY_INLINE void DequantRecord(const CacheLayerView& c, const uint8_t* rec, float* row) {
-  switch (c.format) {
-    case KvFormat::kBf16:
+  visit_format(c.format, [&](auto tag) {
+    constexpr KvFormat F = decltype(tag)::value;
+    if constexpr (F == KvFormat::kBf16) {
       Bf16ToF32(rec, kQkDim, row);
-      break;
-    case KvFormat::kFp8DsMla: {
-      namespace F = layout::fp8_ds_mla;
-      for (int t = 0; t < F::kNumTiles; ++t) {
-        E4m3ToF32(rec + F::kLatentOffset + t * F::kTileDim, F::kTileDim, codec::load_f32(rec + F::kScaleOffset + 4 * t),
-                  row + t * F::kTileDim);
+    } else if constexpr (F == KvFormat::kFp8DsMla) {
+      namespace L8 = layout::fp8_ds_mla;
+      for (int t = 0; t < L8::kNumTiles; ++t) {
+        E4m3ToF32(rec + L8::kLatentOffset + t * L8::kTileDim, L8::kTileDim,
+                  codec::load_f32(rec + L8::kScaleOffset + 4 * t), row + t * L8::kTileDim);
       }
-      Bf16ToF32(rec + F::kRopeOffset, kRopeDim, row + kLatentDim);
-      break;
-    }
-    case KvFormat::kNvfp4DsMla:
+      Bf16ToF32(rec + L8::kRopeOffset, kRopeDim, row + kLatentDim);
+    } else if constexpr (F == KvFormat::kNvfp4DsMla) {
       Nvfp4LatentToF32(rec, c.outer_scale, row);
       Bf16ToF32(rec + layout::nvfp4_ds_mla::kRopeOffset, kRopeDim, row + kLatentDim);
-      break;
-    case KvFormat::kNvfp4DsMlaFp8Rope: {
+    } else {
       namespace R = layout::nvfp4_ds_mla_fp8rope;
       Nvfp4LatentToF32(rec, c.outer_scale, row);
       E4m3ToF32(rec + R::kRopeOffset, kRopeDim, codec::load_f32(rec + R::kRopeScaleOffset), row + kLatentDim);
-      break;
     }
-  }
+  });
 }
 
 // Records -> natural-order rows, through DequantRecord (dequantize_records_simd).

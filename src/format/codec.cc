@@ -10,10 +10,6 @@
 namespace mlakv {
 namespace {
 
-codec::Fp8Scales to_internal(Fp8ScaleMode m) {
-  return m == Fp8ScaleMode::kExact ? codec::Fp8Scales::kExact : codec::Fp8Scales::kPow2;
-}
-
 // Reads row `t` of a [n, d] f32/bf16 tensor into dst as float32.
 void load_row(const TensorView& x, int64_t t, int d, float* dst) {
   if (x.dtype == DType::kF32) {
@@ -84,7 +80,7 @@ Status encode_records(const CodecParams& p, const TensorView& latent, const Tens
     if (p.format == KvFormat::kBf16) {
       codec::encode_bf16_record(lat.data(), p.latent_dim, rop.data(), p.rope_dim, rec);
     } else {
-      codec::encode_record(p.format, lat.data(), rop.data(), p.outer_scale, to_internal(p.fp8_scales), rec);
+      codec::encode_record(p.format, lat.data(), rop.data(), p.outer_scale, p.fp8_scales, rec);
     }
   }
   return Status::Ok();
@@ -101,23 +97,23 @@ Status validate_record(KvFormat f, const uint8_t* rec, int64_t t) {
     }
     return Status::Ok();
   };
-  switch (f) {
-    case KvFormat::kBf16: return Status::Ok();
-    case KvFormat::kFp8DsMla: {
-      namespace F = layout::fp8_ds_mla;
-      for (int k = 0; k < F::kNumTiles; ++k) {
-        const float s = codec::load_f32(rec + F::kScaleOffset + 4 * k);
+  return visit_format(f, Status::Ok(), [&](auto tag) -> Status {
+    constexpr KvFormat F = decltype(tag)::value;
+    if constexpr (F == KvFormat::kBf16) {
+      return Status::Ok();
+    } else if constexpr (F == KvFormat::kFp8DsMla) {
+      namespace L8 = layout::fp8_ds_mla;
+      for (int k = 0; k < L8::kNumTiles; ++k) {
+        const float s = codec::load_f32(rec + L8::kScaleOffset + 4 * k);
         if (!std::isfinite(s) || !(s > 0.0f)) {
           return data_loss(fmt::format("record {}: tile {} scale is {} (must be finite and > 0)", t, k, s));
         }
       }
-      return bad_e4m3(F::kLatentOffset, kLatentDim, "latent");
-    }
-    case KvFormat::kNvfp4DsMla:
-    case KvFormat::kNvfp4DsMlaFp8Rope: {
+      return bad_e4m3(L8::kLatentOffset, kLatentDim, "latent");
+    } else {
       namespace N = layout::nvfp4_ds_mla;
       MLAKV_RETURN_IF_ERROR(bad_e4m3(N::kScaleOffset, N::kNumGroups, "group scale"));
-      if (f == KvFormat::kNvfp4DsMlaFp8Rope) {
+      if constexpr (F == KvFormat::kNvfp4DsMlaFp8Rope) {
         namespace R = layout::nvfp4_ds_mla_fp8rope;
         const float rs = codec::load_f32(rec + R::kRopeScaleOffset);
         if (!std::isfinite(rs) || rs < 0.0f) {
@@ -127,8 +123,7 @@ Status validate_record(KvFormat f, const uint8_t* rec, int64_t t) {
       }
       return Status::Ok();
     }
-  }
-  return Status::Ok();
+  });
 }
 
 }  // namespace

@@ -8,12 +8,15 @@
 #include <cstdint>
 #include <cstring>
 
+#include "mlakv/codec.h"  // Fp8ScaleMode
 #include "mlakv/formats.h"
 #include "mlakv/numerics.h"
 
 namespace mlakv::codec {
 
-enum class Fp8Scales : uint8_t { kPow2 = 0, kExact = 1 };
+// Transitional: src/cuda/cache_writer.cu still casts to this name; it goes once the CUDA
+// tree uses Fp8ScaleMode (mlakv/codec.h, the one fp8 scale-mode enum) directly.
+using Fp8Scales [[deprecated("use mlakv::Fp8ScaleMode")]] = Fp8ScaleMode;
 
 // ---- small helpers -------------------------------------------------------------
 MLAKV_HD float fabs_f(float x) { return f32_from_bits(f32_bits(x) & 0x7FFFFFFFu); }
@@ -48,9 +51,9 @@ MLAKV_HD uint16_t load_u16(const uint8_t* p) {
 //  pow2  (FlashMLA): s = 2^ceil(log2(max(amax/448, 1e-4))), with the ceiling taken
 //        exactly on the float32 value (so |x/s| <= 448 always holds);
 //  exact (vLLM):     s = max(amax/448, FLT_MIN).
-MLAKV_HD float fp8_tile_scale(float amax, Fp8Scales mode) {
+MLAKV_HD float fp8_tile_scale(float amax, Fp8ScaleMode mode) {
   const float r = amax / kE4m3Max;
-  if (mode == Fp8Scales::kExact) return fmax_f(r, 1.17549435e-38f);
+  if (mode == Fp8ScaleMode::kExact) return fmax_f(r, 1.17549435e-38f);
   const float v = fmax_f(r, layout::fp8_ds_mla::kMinScaleRatio);  // >= 1e-4: normal float
   const uint32_t b = f32_bits(v);
   const uint32_t e = (b >> 23) + ((b & 0x7FFFFFu) != 0 ? 1u : 0u);
@@ -83,7 +86,7 @@ MLAKV_HD void encode_bf16_record(const float* latent, int latent_dim, const floa
   for (int i = 0; i < rope_dim; ++i) store_u16(rec + 2 * (latent_dim + i), f32_to_bf16(rope[i]));
 }
 
-MLAKV_HD void encode_fp8_record(const float* latent, const float* rope, Fp8Scales mode, uint8_t* rec) {
+MLAKV_HD void encode_fp8_record(const float* latent, const float* rope, Fp8ScaleMode mode, uint8_t* rec) {
   namespace F = layout::fp8_ds_mla;
   for (int t = 0; t < F::kNumTiles; ++t) {
     const float* x = latent + t * F::kTileDim;
@@ -136,13 +139,19 @@ MLAKV_HD void encode_nvfp4_fp8rope_record(const float* latent, const float* rope
 }
 
 MLAKV_HD void encode_record(KvFormat f, const float* latent, const float* rope, float outer_scale,
-                            Fp8Scales fp8_mode, uint8_t* rec) {
-  switch (f) {
-    case KvFormat::kBf16: encode_bf16_record(latent, kLatentDim, rope, kRopeDim, rec); break;
-    case KvFormat::kFp8DsMla: encode_fp8_record(latent, rope, fp8_mode, rec); break;
-    case KvFormat::kNvfp4DsMla: encode_nvfp4_record(latent, rope, outer_scale, rec); break;
-    case KvFormat::kNvfp4DsMlaFp8Rope: encode_nvfp4_fp8rope_record(latent, rope, outer_scale, rec); break;
-  }
+                            Fp8ScaleMode fp8_mode, uint8_t* rec) {
+  visit_format(f, [&](auto tag) {
+    constexpr KvFormat F = decltype(tag)::value;
+    if constexpr (F == KvFormat::kBf16) {
+      encode_bf16_record(latent, kLatentDim, rope, kRopeDim, rec);
+    } else if constexpr (F == KvFormat::kFp8DsMla) {
+      encode_fp8_record(latent, rope, fp8_mode, rec);
+    } else if constexpr (F == KvFormat::kNvfp4DsMla) {
+      encode_nvfp4_record(latent, rope, outer_scale, rec);
+    } else {
+      encode_nvfp4_fp8rope_record(latent, rope, outer_scale, rec);
+    }
+  });
 }
 
 // Decode one record (L=512, R=64 except bf16, which takes its geometry).
@@ -164,34 +173,31 @@ MLAKV_HD void decode_nvfp4_latent(const uint8_t* rec, float outer_scale, float* 
 }
 
 MLAKV_HD void decode_record(KvFormat f, const uint8_t* rec, float outer_scale, float* latent, float* rope) {
-  switch (f) {
-    case KvFormat::kBf16: decode_bf16_record(rec, kLatentDim, kRopeDim, latent, rope); break;
-    case KvFormat::kFp8DsMla: {
-      namespace F = layout::fp8_ds_mla;
-      for (int t = 0; t < F::kNumTiles; ++t) {
-        const float s = load_f32(rec + F::kScaleOffset + 4 * t);
-        for (int i = 0; i < F::kTileDim; ++i) {
-          latent[t * F::kTileDim + i] = fp8_dequantize(rec[F::kLatentOffset + t * F::kTileDim + i], s);
+  visit_format(f, [&](auto tag) {
+    constexpr KvFormat F = decltype(tag)::value;
+    if constexpr (F == KvFormat::kBf16) {
+      decode_bf16_record(rec, kLatentDim, kRopeDim, latent, rope);
+    } else if constexpr (F == KvFormat::kFp8DsMla) {
+      namespace L8 = layout::fp8_ds_mla;
+      for (int t = 0; t < L8::kNumTiles; ++t) {
+        const float s = load_f32(rec + L8::kScaleOffset + 4 * t);
+        for (int i = 0; i < L8::kTileDim; ++i) {
+          latent[t * L8::kTileDim + i] = fp8_dequantize(rec[L8::kLatentOffset + t * L8::kTileDim + i], s);
         }
       }
-      for (int i = 0; i < kRopeDim; ++i) rope[i] = bf16_to_f32(load_u16(rec + F::kRopeOffset + 2 * i));
-      break;
-    }
-    case KvFormat::kNvfp4DsMla: {
+      for (int i = 0; i < kRopeDim; ++i) rope[i] = bf16_to_f32(load_u16(rec + L8::kRopeOffset + 2 * i));
+    } else if constexpr (F == KvFormat::kNvfp4DsMla) {
       decode_nvfp4_latent(rec, outer_scale, latent);
       for (int i = 0; i < kRopeDim; ++i) {
         rope[i] = bf16_to_f32(load_u16(rec + layout::nvfp4_ds_mla::kRopeOffset + 2 * i));
       }
-      break;
-    }
-    case KvFormat::kNvfp4DsMlaFp8Rope: {
+    } else {
       namespace N = layout::nvfp4_ds_mla_fp8rope;
       decode_nvfp4_latent(rec, outer_scale, latent);
       const float rs = load_f32(rec + N::kRopeScaleOffset);
       for (int i = 0; i < kRopeDim; ++i) rope[i] = e4m3_to_f32(rec[N::kRopeOffset + i]) * rs;
-      break;
     }
-  }
+  });
 }
 
 }  // namespace mlakv::codec

@@ -17,7 +17,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cassert>
 #include <cstdint>
 #include <limits>
 #include <map>
@@ -25,6 +24,8 @@
 #include <new>
 #include <set>
 #include <utility>
+
+#include "core/check.h"
 
 namespace mlakv {
 
@@ -98,7 +99,7 @@ class VirtualBacking final : public MemoryBacking {
 
   void release(void* p, std::size_t bytes) override {
     auto it = live_.find(p);
-    assert(it != live_.end() && it->second == bytes && "virtual backing: release of a range it did not hand out");
+    MLAKV_DCHECK(it != live_.end() && it->second == bytes, "virtual backing: release of a range it did not hand out");
     if (it == live_.end()) return;
     held_ -= it->second;
     live_.erase(it);
@@ -215,7 +216,8 @@ struct CachingAllocator::Impl {
   // Returns `seg` to the backing; the segment must be one free block.
   void release_segment(std::map<char*, Segment>::iterator seg) {
     auto blk = blocks.find(seg->first);
-    assert(blk != blocks.end() && !blk->second.allocated && blk->second.size == seg->second.bytes);
+    MLAKV_CHECK(blk != blocks.end() && !blk->second.allocated && blk->second.size == seg->second.bytes,
+                "a segment released whole must be one free block");
     free_blocks[seg->second.pool].erase({blk->second.size, blk->first});
     blocks.erase(blk);
     backing->release(seg->first, seg->second.bytes);
@@ -253,7 +255,7 @@ CachingAllocator::CachingAllocator(std::unique_ptr<MemoryBacking> backing, Optio
 
 CachingAllocator::~CachingAllocator() {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  assert(impl_->counters.num_allocations == 0 && "CachingAllocator destroyed while Allocations are live");
+  MLAKV_DCHECK(impl_->counters.num_allocations == 0, "CachingAllocator destroyed while Allocations are live");
   if (impl_->backing == nullptr) return;
   // Segments that still hold a live block are leaked, not released (header, "Lifetime").
   impl_->release_free_segments();
@@ -355,7 +357,7 @@ void CachingAllocator::free_block(void* data) {
   std::lock_guard<std::mutex> lock(s.mu);
   auto it = s.blocks.find(static_cast<char*>(data));
   if (it == s.blocks.end() || !it->second.allocated) {
-    assert(false && "Allocation freed into an allocator that does not hold it");
+    MLAKV_DCHECK(false, "Allocation freed into an allocator that does not hold it");
     return;
   }
   Block& blk = it->second;

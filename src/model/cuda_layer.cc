@@ -30,8 +30,7 @@ Status cublas_status(cublasStatus_t s, const char* what) {
 
 struct DeviceMlaLayer::Impl {
   int device = 0;
-  ModelConfig cfg;
-  int D = 0, H = 0, QL = 0, L = 0, P = 0, R = 0, V = 0;
+  ModelConfig cfg;  // its MlaGeometry is the weights' (validate_mla_layer_weights)
   bool has_q_a_bias = false, has_kv_a_bias = false, has_o_bias = false;
   std::unique_ptr<CachingAllocator> alloc;
   // persistent
@@ -76,13 +75,6 @@ StatusOr<std::unique_ptr<DeviceMlaLayer>> DeviceMlaLayer::upload(const MlaLayerW
   Impl& m = *impl;
   m.device = device;
   m.cfg = cfg;
-  m.D = w.hidden_size;
-  m.H = w.num_heads;
-  m.QL = w.q_lora_rank;
-  m.L = w.kv_lora_rank;
-  m.P = w.qk_nope_head_dim;
-  m.R = w.qk_rope_head_dim;
-  m.V = w.v_head_dim;
   MLAKV_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
   m.alloc = std::make_unique<CachingAllocator>(make_cuda_backing(device));
   // Persistent weights first (docs/allocator.md: long-lived tensors before scratch).
@@ -111,13 +103,16 @@ Status DeviceMlaLayer::forward(const CacheLayerView& cache, const TensorView& bl
                                const TensorView& slots, const TensorView& hidden, std::span<const int64_t> positions,
                                const TensorView& out, int num_splits, void* stream) {
   Impl& m = *impl_;
+  const MlaGeometry& g = m.cfg.geometry();
+  const int D = g.hidden_size, H = g.num_heads, QL = g.q_lora_rank, L = g.kv_lora_rank, P = g.qk_nope_head_dim,
+            R = g.qk_rope_head_dim, V = g.v_head_dim;
   const Device dev = Device::cuda(m.device);
-  MLAKV_RETURN_IF_ERROR(check_tensor(hidden, "hidden", {{DType::kF32}, {-1, m.D}}, dev));
+  MLAKV_RETURN_IF_ERROR(check_tensor(hidden, "hidden", {{DType::kF32}, {-1, D}}, dev));
   const int64_t T = hidden.size(0);
   if (T < 1) return invalid_argument("hidden: at least one token is needed");
-  if (hidden.stride(0) != m.D) return invalid_argument("hidden: rows must be contiguous");
-  MLAKV_RETURN_IF_ERROR(check_tensor(out, "out", {{DType::kF32}, {T, m.D}}, dev));
-  if (out.stride(0) != m.D) return invalid_argument("out: rows must be contiguous");
+  if (hidden.stride(0) != D) return invalid_argument("hidden: rows must be contiguous");
+  MLAKV_RETURN_IF_ERROR(check_tensor(out, "out", {{DType::kF32}, {T, D}}, dev));
+  if (out.stride(0) != D) return invalid_argument("out: rows must be contiguous");
   MLAKV_RETURN_IF_ERROR(check_tensor(slots, "slots", {{DType::kI64}, {T}}, dev));
   if (static_cast<int64_t>(positions.size()) != T) {
     return invalid_argument(fmt::format("positions: {} given for {} tokens", positions.size(), T));
@@ -129,7 +124,6 @@ Status DeviceMlaLayer::forward(const CacheLayerView& cache, const TensorView& bl
   MLAKV_CUDA_RETURN_IF_ERROR(cudaSetDevice(m.device));
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   MLAKV_RETURN_IF_ERROR(cublas_status(cublasSetStream(m.blas, s), "cublasSetStream"));
-  const int D = m.D, H = m.H, QL = m.QL, L = m.L, P = m.P, R = m.R, V = m.V;
   const int QW = H * (P + R);  // q row width
 
   // Scratch (after the weights; freed back to the cache at the end of the call).

@@ -63,10 +63,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <filesystem>
 #include <optional>
 
-#include "core/file_io.h"
+#include "io/config_json.h"
 
 namespace mlakv {
 namespace {
@@ -439,11 +438,8 @@ StatusOr<ModelConfig> parse_hf_config(std::string_view text, std::string_view so
 }
 
 StatusOr<ModelConfig> load_hf_config(const std::string& path) {
-  std::string file = path;
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) file = (std::filesystem::path(path) / "config.json").string();
-  MLAKV_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, io::read_file(file));
-  return parse_hf_config(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), file);
+  MLAKV_ASSIGN_OR_RETURN(const io::ConfigJson c, io::read_config_json(path));
+  return parse_hf_config(c.text, c.file);
 }
 
 }  // namespace mlakv

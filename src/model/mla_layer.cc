@@ -6,9 +6,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <functional>
 
+#include "cpu/ops/linear.h"
+#include "format/load_float.h"
 #include "model/rope.h"
+#include "weights/absorb_pair.h"
 #include "mlakv/attention.h"
 #include "mlakv/numerics.h"
 #include "mlakv/thread_pool.h"
@@ -18,64 +20,8 @@ namespace {
 
 constexpr int64_t kMaxDim = int64_t{1} << 17;  // any single dimension (D = 7168, H*(P+R) = 24576 today)
 
-void parallel(ThreadPool* pool, int64_t n, const std::function<void(int64_t)>& fn) {
-  if (pool == nullptr || n <= 1) {
-    for (int64_t i = 0; i < n; ++i) fn(i);
-    return;
-  }
-  pool->parallel_for(n, [&](int64_t i, int) { fn(i); });
-}
-
-float f16_to_f32(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
-  if (e == 0x1Fu) return f32_from_bits(sign | 0x7F800000u | (m << 13));  // Inf / NaN
-  if (e == 0) {
-    const float v = static_cast<float>(m) * 5.9604644775390625e-8f;  // m * 2^-24, exact
-    return sign ? -v : v;
-  }
-  return f32_from_bits(sign | ((e - 15u + 127u) << 23) | (m << 13));
-}
-
-double dot(const float* a, const float* b, int64_t n) {
-  double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-  int64_t k = 0;
-  for (; k + 4 <= n; k += 4) {
-    s0 += static_cast<double>(a[k]) * b[k];
-    s1 += static_cast<double>(a[k + 1]) * b[k + 1];
-    s2 += static_cast<double>(a[k + 2]) * b[k + 2];
-    s3 += static_cast<double>(a[k + 3]) * b[k + 3];
-  }
-  for (; k < n; ++k) s0 += static_cast<double>(a[k]) * b[k];
-  return (s0 + s1) + (s2 + s3);
-}
-
-// y[t, n] = sum_k W[n, k] x[t, k] + b[n]: W [N, K], x [T, K] (row stride xs), y [T, N]
-// (row stride ys). Threads take blocks of output rows so each weight row is read once
-// per block of tokens.
-void linear(const std::vector<float>& W, const std::vector<float>& b, int64_t N, int64_t K, const float* x, int64_t xs,
-            int64_t T, float* y, int64_t ys, ThreadPool* pool) {
-  constexpr int64_t kRows = 16;
-  parallel(pool, (N + kRows - 1) / kRows, [&](int64_t blk) {
-    const int64_t n1 = std::min(N, (blk + 1) * kRows);
-    for (int64_t n = blk * kRows; n < n1; ++n) {
-      const float* w = W.data() + n * K;
-      const double bias = b.empty() ? 0.0 : static_cast<double>(b[static_cast<std::size_t>(n)]);
-      for (int64_t t = 0; t < T; ++t) y[t * ys + n] = static_cast<float>(dot(w, x + t * xs, K) + bias);
-    }
-  });
-}
-
-// y[n] = sum_k x[k] W[k, n]: x [K], W [K, N] row-major, accumulated in float64.
-void vecmat(const float* x, const float* W, int64_t K, int64_t N, double* acc, float* y) {
-  std::fill(acc, acc + N, 0.0);
-  for (int64_t k = 0; k < K; ++k) {
-    const double xk = x[k];
-    const float* w = W + k * N;
-    for (int64_t n = 0; n < N; ++n) acc[n] += xk * w[n];
-  }
-  for (int64_t n = 0; n < N; ++n) y[n] = static_cast<float>(acc[n]);
-}
+// An optional weight (a bias): its data, or nullptr when the checkpoint has none.
+const float* data_or_null(const std::vector<float>& v) { return v.empty() ? nullptr : v.data(); }
 
 // x / sqrt(mean(x^2) + eps) * weight, in float64, one rounding.
 void rms_norm(const float* x, const std::vector<float>& weight, double eps, int64_t n, float* y) {
@@ -125,18 +71,17 @@ Status check_geometry(const ModelConfig& c) {
 }
 
 Status check_matches(const MlaLayerWeights& w, const ModelConfig& c) {
-  if (w.hidden_size != c.hidden_size || w.num_heads != c.num_heads || w.q_lora_rank != c.q_lora_rank ||
-      w.kv_lora_rank != c.kv_lora_rank || w.qk_nope_head_dim != c.qk_nope_head_dim ||
-      w.qk_rope_head_dim != c.qk_rope_head_dim || w.v_head_dim != c.v_head_dim) {
+  const MlaGeometry& g = w.geometry;
+  if (g != c.geometry()) {
     return invalid_argument(fmt::format(
         "weights of layer {} (D {}, H {}, q_lora {}, L {}, P {}, R {}, V {}) do not match config {} (D {}, H {}, "
         "q_lora {}, L {}, P {}, R {}, V {})",
-        w.layer, w.hidden_size, w.num_heads, w.q_lora_rank, w.kv_lora_rank, w.qk_nope_head_dim, w.qk_rope_head_dim,
-        w.v_head_dim, c.name, c.hidden_size, c.num_heads, c.q_lora_rank, c.kv_lora_rank, c.qk_nope_head_dim,
+        w.layer, g.hidden_size, g.num_heads, g.q_lora_rank, g.kv_lora_rank, g.qk_nope_head_dim, g.qk_rope_head_dim,
+        g.v_head_dim, c.name, c.hidden_size, c.num_heads, c.q_lora_rank, c.kv_lora_rank, c.qk_nope_head_dim,
         c.qk_rope_head_dim, c.v_head_dim));
   }
-  const int64_t D = w.hidden_size, H = w.num_heads, QL = w.q_lora_rank, L = w.kv_lora_rank, P = w.qk_nope_head_dim,
-                R = w.qk_rope_head_dim, V = w.v_head_dim;
+  const int64_t D = g.hidden_size, H = g.num_heads, QL = g.q_lora_rank, L = g.kv_lora_rank, P = g.qk_nope_head_dim,
+                R = g.qk_rope_head_dim, V = g.v_head_dim;
   auto want = [](const std::vector<float>& v, int64_t n, bool optional, const char* what) -> Status {
     if (static_cast<int64_t>(v.size()) == n || (optional && v.empty())) return Status::Ok();
     return invalid_argument(fmt::format("MlaLayerWeights::{} has {} values, expected {}", what, v.size(), n));
@@ -177,16 +122,8 @@ Status load_vector(const TensorSource& src, const std::string& name, int64_t n, 
         fmt::format("{}: tensor '{}' must have shape [{}], got {}", src.describe(), name, n, t->shape_string()));
   }
   out.resize(static_cast<std::size_t>(n));
-  const auto* bytes = static_cast<const uint8_t*>(t->data);
   for (int64_t i = 0; i < n; ++i) {
-    float v;
-    if (t->dtype == DType::kF32) {
-      std::memcpy(&v, bytes + 4 * i, 4);
-    } else {
-      uint16_t h;
-      std::memcpy(&h, bytes + 2 * i, 2);
-      v = t->dtype == DType::kBF16 ? bf16_to_f32(h) : f16_to_f32(h);
-    }
+    const float v = load_as_f32(t->data, t->dtype, i);
     if (!std::isfinite(v)) {
       out.clear();
       return data_loss(fmt::format("{}: tensor '{}' holds a non-finite value {} at [{}]", src.describe(), name, v, i));
@@ -205,12 +142,6 @@ Status load_linear(const TensorSource& src, const std::string& prefix, int64_t N
     out.clear();
     return st.with_context(fmt::format("{}: loading '{}' as [{}, {}]", src.describe(), prefix, N, K));
   }
-  return Status::Ok();
-}
-
-Status check_cpu_f32(const TensorView& t, const char* name, std::initializer_list<int64_t> shape) {
-  MLAKV_RETURN_IF_ERROR(check_tensor(t, name, {{DType::kF32}, shape}, Device::cpu()));
-  if (!t.is_contiguous()) return invalid_argument(fmt::format("{}: must be contiguous (row-major, no gaps)", name));
   return Status::Ok();
 }
 
@@ -252,27 +183,20 @@ std::size_t MlaLayerWeights::bytes() const {
   return n;
 }
 
-Status absorb_kv_b_proj(const std::vector<float>& kv_b, int H, int P, int V, int L, std::vector<float>& w_uk_t,
+Status absorb_kv_b_proj(const std::vector<float>& kv_b, const MlaGeometry& geo, std::vector<float>& w_uk_t,
                         std::vector<float>& w_uv) {
+  const int H = geo.num_heads, P = geo.qk_nope_head_dim, V = geo.v_head_dim, L = geo.kv_lora_rank;
   if (H < 1 || P < 1 || V < 1 || L < 1) {
     return invalid_argument(fmt::format("absorb_kv_b_proj: H {}, P {}, V {}, L {} must all be >= 1", H, P, V, L));
   }
-  const std::size_t want = static_cast<std::size_t>(H) * static_cast<std::size_t>(P + V) * static_cast<std::size_t>(L);
+  const std::size_t want = static_cast<std::size_t>(geo.kv_b_rows()) * static_cast<std::size_t>(L);
   if (kv_b.size() != want) {
     return invalid_argument(
         fmt::format("absorb_kv_b_proj: kv_b has {} values, expected H*(P+V)*L = {}", kv_b.size(), want));
   }
   w_uk_t.resize(static_cast<std::size_t>(H) * P * L);
   w_uv.resize(static_cast<std::size_t>(H) * L * V);
-  for (int64_t h = 0; h < H; ++h) {
-    const float* head = kv_b.data() + h * (P + V) * L;
-    std::copy_n(head, P * L, w_uk_t.data() + h * P * L);  // rows [0, P) are W_UK [P, L] as is
-    float* uv = w_uv.data() + h * L * V;
-    for (int64_t v = 0; v < V; ++v) {  // rows [P, P+V) are W_UV^T [V, L]
-      const float* row = head + (P + v) * L;
-      for (int64_t l = 0; l < L; ++l) uv[l * V + v] = row[l];
-    }
-  }
+  split_kv_b_proj(kv_b.data(), DType::kF32, w_uk_t.data(), w_uv.data(), DType::kF32, geo);
   return Status::Ok();
 }
 
@@ -285,15 +209,10 @@ StatusOr<MlaLayerWeights> load_mla_layer(const TensorSource& src, const ModelCon
   }
   MlaLayerWeights w;
   w.layer = layer;
-  w.hidden_size = cfg.hidden_size;
-  w.num_heads = cfg.num_heads;
-  w.q_lora_rank = cfg.q_lora_rank;
-  w.kv_lora_rank = cfg.kv_lora_rank;
-  w.qk_nope_head_dim = cfg.qk_nope_head_dim;
-  w.qk_rope_head_dim = cfg.qk_rope_head_dim;
-  w.v_head_dim = cfg.v_head_dim;
-  const int64_t D = w.hidden_size, H = w.num_heads, QL = w.q_lora_rank, L = w.kv_lora_rank, P = w.qk_nope_head_dim,
-                R = w.qk_rope_head_dim, V = w.v_head_dim;
+  w.geometry = cfg.geometry();
+  const MlaGeometry& geo = w.geometry;
+  const int64_t D = geo.hidden_size, H = geo.num_heads, QL = geo.q_lora_rank, L = geo.kv_lora_rank,
+                P = geo.qk_nope_head_dim, R = geo.qk_rope_head_dim, V = geo.v_head_dim;
   const std::string pre = opt.prefix.empty() ? fmt::format("model.layers.{}.self_attn.", layer) : opt.prefix;
 
   if (QL > 0) {
@@ -311,8 +230,7 @@ StatusOr<MlaLayerWeights> load_mla_layer(const TensorSource& src, const ModelCon
     // The dense kv_b_proj is transient: only the absorbed pair is kept.
     std::vector<float> kv_b;
     MLAKV_RETURN_IF_ERROR(load_linear(src, pre + "kv_b_proj", H * (P + V), L, opt, kv_b));
-    MLAKV_RETURN_IF_ERROR(absorb_kv_b_proj(kv_b, static_cast<int>(H), static_cast<int>(P), static_cast<int>(V),
-                                           static_cast<int>(L), w.w_uk_t, w.w_uv));
+    MLAKV_RETURN_IF_ERROR(absorb_kv_b_proj(kv_b, w.geometry, w.w_uk_t, w.w_uv));
   }
   MLAKV_RETURN_IF_ERROR(load_linear(src, pre + "o_proj", D, H * V, opt, w.o_proj));
   MLAKV_RETURN_IF_ERROR(load_vector(src, pre + "o_proj.bias", D, true, w.o_bias));
@@ -324,15 +242,16 @@ Status mla_layer_project(const MlaLayerWeights& w, const ModelConfig& cfg, const
                          const TensorView& rope, ThreadPool* pool) {
   MLAKV_RETURN_IF_ERROR(check_geometry(cfg));
   MLAKV_RETURN_IF_ERROR(check_matches(w, cfg));
-  const int64_t D = w.hidden_size, H = w.num_heads, QL = w.q_lora_rank, L = w.kv_lora_rank, P = w.qk_nope_head_dim,
-                R = w.qk_rope_head_dim;
+  const MlaGeometry& geo = w.geometry;
+  const int64_t D = geo.hidden_size, H = geo.num_heads, QL = geo.q_lora_rank, L = geo.kv_lora_rank,
+                P = geo.qk_nope_head_dim, R = geo.qk_rope_head_dim;
   if (hidden.ndim != 2)
     return invalid_argument(fmt::format("hidden: expected [T, {}], got {}", D, hidden.shape_string()));
   const int64_t T = hidden.size(0);
-  MLAKV_RETURN_IF_ERROR(check_cpu_f32(hidden, "hidden", {T, D}));
-  MLAKV_RETURN_IF_ERROR(check_cpu_f32(q, "q", {T, H, L + R}));
-  MLAKV_RETURN_IF_ERROR(check_cpu_f32(latent, "latent", {T, L}));
-  MLAKV_RETURN_IF_ERROR(check_cpu_f32(rope, "rope", {T, R}));
+  MLAKV_RETURN_IF_ERROR(check_tensor(hidden, "hidden", {{DType::kF32}, {T, D}, Strides::kContiguous}, Device::cpu()));
+  MLAKV_RETURN_IF_ERROR(check_tensor(q, "q", {{DType::kF32}, {T, H, L + R}, Strides::kContiguous}, Device::cpu()));
+  MLAKV_RETURN_IF_ERROR(check_tensor(latent, "latent", {{DType::kF32}, {T, L}, Strides::kContiguous}, Device::cpu()));
+  MLAKV_RETURN_IF_ERROR(check_tensor(rope, "rope", {{DType::kF32}, {T, R}, Strides::kContiguous}, Device::cpu()));
   MLAKV_ASSIGN_OR_RETURN(std::vector<int64_t> pos, read_positions(positions, T));
   MLAKV_ASSIGN_OR_RETURN(rope::RopeTable table, rope::RopeTable::create(cfg.rope, static_cast<int>(R)));
   const bool long_factors = table.uses_long_factors(pos);
@@ -348,16 +267,16 @@ Status mla_layer_project(const MlaLayerWeights& w, const ModelConfig& cfg, const
   std::vector<float> q_full(static_cast<std::size_t>(T * QW));
   if (QL > 0) {
     std::vector<float> qa(static_cast<std::size_t>(T * QL));
-    linear(w.q_a_proj, w.q_a_bias, QL, D, x, D, T, qa.data(), QL, pool);
+    cpu::linear(w.q_a_proj.data(), data_or_null(w.q_a_bias), QL, D, x, D, T, qa.data(), QL, pool);
     for (int64_t t = 0; t < T; ++t) rms_norm(qa.data() + t * QL, w.q_a_norm, cfg.q_norm_eps, QL, qa.data() + t * QL);
-    linear(w.q_b_proj, {}, QW, QL, qa.data(), QL, T, q_full.data(), QW, pool);
+    cpu::linear(w.q_b_proj.data(), nullptr, QW, QL, qa.data(), QL, T, q_full.data(), QW, pool);
   } else {
-    linear(w.q_proj, {}, QW, D, x, D, T, q_full.data(), QW, pool);
+    cpu::linear(w.q_proj.data(), nullptr, QW, D, x, D, T, q_full.data(), QW, pool);
   }
 
   // kv path: [c | k_pe] -> latent = rmsnorm(c), rope = rotate(k_pe)
   std::vector<float> kv(static_cast<std::size_t>(T * (L + R)));
-  linear(w.kv_a_proj, w.kv_a_bias, L + R, D, x, D, T, kv.data(), L + R, pool);
+  cpu::linear(w.kv_a_proj.data(), data_or_null(w.kv_a_bias), L + R, D, x, D, T, kv.data(), L + R, pool);
   float* lat = latent.ptr<float>();
   float* kr = rope.ptr<float>();
   for (int64_t t = 0; t < T; ++t) {
@@ -368,12 +287,12 @@ Status mla_layer_project(const MlaLayerWeights& w, const ModelConfig& cfg, const
 
   // q_lat[h] = q_nope[h] @ W_UK_T[h]; q_pe rotated.
   float* qo = q.ptr<float>();
-  parallel(pool, T * H, [&](int64_t item) {
+  cpu::parallel_items(pool, T * H, [&](int64_t item) {
     const int64_t t = item / H, h = item % H;
     const float* qh = q_full.data() + t * QW + h * (P + R);
     float* dst = qo + (t * H + h) * (L + R);
     std::vector<double> acc(static_cast<std::size_t>(L));
-    vecmat(qh, w.w_uk_t.data() + h * P * L, P, L, acc.data(), dst);
+    cpu::vecmat(qh, w.w_uk_t.data() + h * P * L, P, L, acc.data(), dst);
     std::copy_n(qh + P, R, dst + L);
     table.rotate(dst + L, pos[static_cast<std::size_t>(t)], long_factors);
   });
@@ -382,7 +301,8 @@ Status mla_layer_project(const MlaLayerWeights& w, const ModelConfig& cfg, const
 
 Status mla_layer_output(const MlaLayerWeights& w, const TensorView& attn_latent, const TensorView& out,
                         ThreadPool* pool) {
-  const int64_t D = w.hidden_size, H = w.num_heads, L = w.kv_lora_rank, V = w.v_head_dim;
+  const MlaGeometry& geo = w.geometry;
+  const int64_t D = geo.hidden_size, H = geo.num_heads, L = geo.kv_lora_rank, V = geo.v_head_dim;
   if (D < 1 || H < 1 || L < 1 || V < 1 || static_cast<int64_t>(w.w_uv.size()) != H * L * V ||
       static_cast<int64_t>(w.o_proj.size()) != D * H * V ||
       (!w.o_bias.empty() && static_cast<int64_t>(w.o_bias.size()) != D)) {
@@ -393,17 +313,12 @@ Status mla_layer_output(const MlaLayerWeights& w, const TensorView& attn_latent,
     return invalid_argument(fmt::format("attn_latent: expected [T, {}, {}], got {}", H, L, attn_latent.shape_string()));
   }
   const int64_t T = attn_latent.size(0);
-  MLAKV_RETURN_IF_ERROR(check_cpu_f32(attn_latent, "attn_latent", {T, H, L}));
-  MLAKV_RETURN_IF_ERROR(check_cpu_f32(out, "out", {T, D}));
+  MLAKV_RETURN_IF_ERROR(
+      check_tensor(attn_latent, "attn_latent", {{DType::kF32}, {T, H, L}, Strides::kContiguous}, Device::cpu()));
+  MLAKV_RETURN_IF_ERROR(check_tensor(out, "out", {{DType::kF32}, {T, D}, Strides::kContiguous}, Device::cpu()));
   if (T > 0 && overlaps(attn_latent, out)) return invalid_argument("out: may not overlap attn_latent");
-  const float* ol = attn_latent.ptr<const float>();
-  std::vector<float> o(static_cast<std::size_t>(T * H * V));
-  parallel(pool, T * H, [&](int64_t item) {
-    const int64_t h = item % H;
-    std::vector<double> acc(static_cast<std::size_t>(V));
-    vecmat(ol + item * L, w.w_uv.data() + h * L * V, L, V, acc.data(), o.data() + item * V);
-  });
-  linear(w.o_proj, w.o_bias, D, H * V, o.data(), H * V, T, out.ptr<float>(), D, pool);
+  cpu::mla_output_projection(attn_latent.ptr<const float>(), w.w_uv.data(), w.o_proj.data(), data_or_null(w.o_bias), T,
+                             H, L, V, D, out.ptr<float>(), pool);
   return Status::Ok();
 }
 
@@ -412,7 +327,8 @@ Status mla_layer_forward(const MlaLayerWeights& w, const ModelConfig& cfg, Paged
                          const MlaForwardOptions& opt) {
   MLAKV_RETURN_IF_ERROR(check_geometry(cfg));
   MLAKV_RETURN_IF_ERROR(check_matches(w, cfg));
-  const int64_t D = w.hidden_size, H = w.num_heads, L = w.kv_lora_rank, R = w.qk_rope_head_dim;
+  const MlaGeometry& geo = w.geometry;
+  const int64_t D = geo.hidden_size, H = geo.num_heads, L = geo.kv_lora_rank, R = geo.qk_rope_head_dim;
   if (L != kLatentDim || R != kRopeDim) {
     return unimplemented(
         fmt::format("{}: the cached MLA layer needs kv_lora_rank {} and qk_rope_head_dim {} "
@@ -427,8 +343,8 @@ Status mla_layer_forward(const MlaLayerWeights& w, const ModelConfig& cfg, Paged
     return invalid_argument(fmt::format("hidden: expected [T, {}], got {}", D, hidden.shape_string()));
   const int64_t T = hidden.size(0);
   if (T < 1) return invalid_argument("hidden: T must be >= 1");
-  MLAKV_RETURN_IF_ERROR(check_cpu_f32(hidden, "hidden", {T, D}));
-  MLAKV_RETURN_IF_ERROR(check_cpu_f32(out, "out", {T, D}));
+  MLAKV_RETURN_IF_ERROR(check_tensor(hidden, "hidden", {{DType::kF32}, {T, D}, Strides::kContiguous}, Device::cpu()));
+  MLAKV_RETURN_IF_ERROR(check_tensor(out, "out", {{DType::kF32}, {T, D}, Strides::kContiguous}, Device::cpu()));
   if (overlaps(hidden, out)) return invalid_argument("out: may not overlap hidden");
   MLAKV_ASSIGN_OR_RETURN(CacheLayerView view, cache.storage().layer(cache_layer));
   if (view.latent_dim != L || view.rope_dim != R) {

@@ -34,12 +34,6 @@ StatusOr<TensorView> flatten_queries(const TensorView& t, std::string_view name)
   return v;
 }
 
-Status check_partial(const TensorView& t, std::string_view name, std::initializer_list<int64_t> shape) {
-  MLAKV_RETURN_IF_ERROR(check_tensor(t, name, {{DType::kF32}, shape}, Device::cpu()));
-  if (!t.is_contiguous()) return invalid_argument(fmt::format("{}: must be contiguous", name));
-  return Status::Ok();
-}
-
 }  // namespace
 
 StatusOr<DcpLocalMetadata> dcp_local_metadata(int rank, int dcp, const TensorView& block_table,
@@ -80,8 +74,10 @@ Status dcp_local_attention_cpu(int rank, int dcp, const DcpAttentionParams& p, c
   MLAKV_RETURN_IF_ERROR(check_rank(rank, dcp, "dcp_local_attention_cpu"));
   MLAKV_RETURN_IF_ERROR(check_tensor(p.q, "q", {{DType::kF32, DType::kBF16}, {-1, -1, -1, kQkDim}}, Device::cpu()));
   const int64_t B = p.q.size(0), s_q = p.q.size(1), H = p.q.size(2);
-  MLAKV_RETURN_IF_ERROR(check_partial(out_part, "out_part", {B, s_q, H, kLatentDim}));
-  MLAKV_RETURN_IF_ERROR(check_partial(lse_part, "lse_part", {B, s_q, H}));
+  MLAKV_RETURN_IF_ERROR(check_tensor(out_part, "out_part",
+                                     {{DType::kF32}, {B, s_q, H, kLatentDim}, Strides::kContiguous}, Device::cpu()));
+  MLAKV_RETURN_IF_ERROR(
+      check_tensor(lse_part, "lse_part", {{DType::kF32}, {B, s_q, H}, Strides::kContiguous}, Device::cpu()));
   if (p.cache.device.type != DeviceType::kCpu) {
     return invalid_argument(fmt::format("cache: expected a cpu cache, got {}", device_name(p.cache.device)));
   }
@@ -121,15 +117,18 @@ Status dcp_combine(Communicator& comm, const TensorView& out_part, const TensorV
   local = check_tensor(out_part, "out_part", {{DType::kF32}, {-1, -1, -1, kLatentDim}}, Device::cpu());
   if (local.ok()) {
     B = out_part.size(0), s_q = out_part.size(1), H = out_part.size(2);
-    local = check_partial(out_part, "out_part", {B, s_q, H, kLatentDim});
+    local = check_tensor(out_part, "out_part", {{DType::kF32}, {B, s_q, H, kLatentDim}, Strides::kContiguous},
+                         Device::cpu());
   }
-  if (local.ok()) local = check_partial(lse_part, "lse_part", {B, s_q, H});
+  if (local.ok())
+    local = check_tensor(lse_part, "lse_part", {{DType::kF32}, {B, s_q, H}, Strides::kContiguous}, Device::cpu());
   const int64_t Hl = mode == DcpCombine::kAllGather ? H : H / P;
   if (local.ok() && mode == DcpCombine::kReduceScatterHeads && H % P != 0) {
     local = invalid_argument(fmt::format("dcp_combine: reduce-scatter over heads needs H ({}) divisible by dcp ({})", H, P));
   }
-  if (local.ok()) local = check_partial(out, "out", {B, s_q, Hl, kLatentDim});
-  if (local.ok()) local = check_partial(lse, "lse", {B, s_q, Hl});
+  if (local.ok())
+    local = check_tensor(out, "out", {{DType::kF32}, {B, s_q, Hl, kLatentDim}, Strides::kContiguous}, Device::cpu());
+  if (local.ok()) local = check_tensor(lse, "lse", {{DType::kF32}, {B, s_q, Hl}, Strides::kContiguous}, Device::cpu());
   const int64_t N = B * s_q * H;  // partial rows
 
   // lse of every rank: [P, N]. A bad local argument goes in as a mis-shaped tensor so

@@ -15,12 +15,6 @@ namespace {
 
 std::size_t align256(std::size_t b) { return (b + 255) / 256 * 256; }
 
-Status check_part(const TensorView& t, std::string_view name, std::initializer_list<int64_t> shape, Device dev) {
-  MLAKV_RETURN_IF_ERROR(check_tensor(t, name, {{DType::kF32}, shape}, dev));
-  if (!t.is_contiguous()) return invalid_argument(fmt::format("{}: must be contiguous", name));
-  return Status::Ok();
-}
-
 }  // namespace
 
 std::size_t dcp_combine_workspace_bytes(int dcp, int64_t rows, DcpCombine mode) {
@@ -44,14 +38,15 @@ Status dcp_combine(Communicator& comm, const TensorView& out_part, const TensorV
   MLAKV_CUDA_RETURN_IF_ERROR(cudaSetDevice(dev.index));  // the kernels launch here
   MLAKV_RETURN_IF_ERROR(check_tensor(out_part, "out_part", {{DType::kF32}, {-1, -1, -1, kLatentDim}}, dev));
   const int64_t B = out_part.size(0), s_q = out_part.size(1), H = out_part.size(2);
-  MLAKV_RETURN_IF_ERROR(check_part(out_part, "out_part", {B, s_q, H, kLatentDim}, dev));
-  MLAKV_RETURN_IF_ERROR(check_part(lse_part, "lse_part", {B, s_q, H}, dev));
+  MLAKV_RETURN_IF_ERROR(
+      check_tensor(out_part, "out_part", {{DType::kF32}, {B, s_q, H, kLatentDim}, Strides::kContiguous}, dev));
+  MLAKV_RETURN_IF_ERROR(check_tensor(lse_part, "lse_part", {{DType::kF32}, {B, s_q, H}, Strides::kContiguous}, dev));
   if (mode == DcpCombine::kReduceScatterHeads && H % P != 0) {
     return invalid_argument(fmt::format("cuda::dcp_combine: reduce-scatter over heads needs H ({}) divisible by dcp ({})", H, P));
   }
   const int64_t Hl = mode == DcpCombine::kAllGather ? H : H / P;
-  MLAKV_RETURN_IF_ERROR(check_part(out, "out", {B, s_q, Hl, kLatentDim}, dev));
-  MLAKV_RETURN_IF_ERROR(check_part(lse, "lse", {B, s_q, Hl}, dev));
+  MLAKV_RETURN_IF_ERROR(check_tensor(out, "out", {{DType::kF32}, {B, s_q, Hl, kLatentDim}, Strides::kContiguous}, dev));
+  MLAKV_RETURN_IF_ERROR(check_tensor(lse, "lse", {{DType::kF32}, {B, s_q, Hl}, Strides::kContiguous}, dev));
   const int64_t N = B * s_q * H;
   if (N > std::numeric_limits<int32_t>::max()) {
     return invalid_argument(fmt::format("cuda::dcp_combine: {} partial rows is more than one launch covers", N));

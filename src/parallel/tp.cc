@@ -5,6 +5,7 @@
 #include <cstring>
 #include <vector>
 
+#include "cpu/ops/linear.h"
 #include "mlakv/parallel.h"
 
 namespace mlakv {
@@ -64,44 +65,20 @@ Status tp_slice(const TensorView& in, int dim, int rank, int tp, const TensorVie
   return Status::Ok();
 }
 
-namespace {
-Status check_f32(const TensorView& t, std::string_view name, std::initializer_list<int64_t> shape) {
-  MLAKV_RETURN_IF_ERROR(check_tensor(t, name, {{DType::kF32}, shape}, Device::cpu()));
-  if (!t.is_contiguous()) return invalid_argument(fmt::format("{}: must be contiguous", name));
-  return Status::Ok();
-}
-}  // namespace
-
 Status tp_output_partial(const TensorView& o_lat, const TensorView& w_uv, const TensorView& o_proj,
                          const TensorView& partial) {
-  MLAKV_RETURN_IF_ERROR(check_f32(o_lat, "o_lat", {-1, -1, -1}));
+  MLAKV_RETURN_IF_ERROR(
+      check_tensor(o_lat, "o_lat", {{DType::kF32}, {-1, -1, -1}, Strides::kContiguous}, Device::cpu()));
   const int64_t T = o_lat.size(0), Hr = o_lat.size(1), L = o_lat.size(2);
   if (Hr < 1 || L < 1) return invalid_argument(fmt::format("o_lat: heads and L must be >= 1, got {}", o_lat.shape_string()));
-  MLAKV_RETURN_IF_ERROR(check_f32(w_uv, "w_uv", {Hr, L, -1}));
+  MLAKV_RETURN_IF_ERROR(check_tensor(w_uv, "w_uv", {{DType::kF32}, {Hr, L, -1}, Strides::kContiguous}, Device::cpu()));
   const int64_t V = w_uv.size(2);
-  MLAKV_RETURN_IF_ERROR(check_f32(o_proj, "o_proj", {-1, Hr * V}));
+  MLAKV_RETURN_IF_ERROR(
+      check_tensor(o_proj, "o_proj", {{DType::kF32}, {-1, Hr * V}, Strides::kContiguous}, Device::cpu()));
   const int64_t D = o_proj.size(0);
-  MLAKV_RETURN_IF_ERROR(check_f32(partial, "partial", {T, D}));
-  const float* ol = o_lat.ptr<const float>();
-  const float* wv = w_uv.ptr<const float>();
-  const float* op = o_proj.ptr<const float>();
-  std::vector<double> z(static_cast<std::size_t>(Hr * V));  // concat_h o_lat[t][h] @ W_UV[h], one token
-  for (int64_t t = 0; t < T; ++t) {
-    std::fill(z.begin(), z.end(), 0.0);
-    for (int64_t h = 0; h < Hr; ++h) {
-      for (int64_t l = 0; l < L; ++l) {
-        const double a = ol[(t * Hr + h) * L + l];
-        const float* w = wv + (h * L + l) * V;
-        for (int64_t v = 0; v < V; ++v) z[static_cast<std::size_t>(h * V + v)] += a * w[v];
-      }
-    }
-    for (int64_t d = 0; d < D; ++d) {
-      double acc = 0;
-      const float* w = op + d * Hr * V;
-      for (int64_t k = 0; k < Hr * V; ++k) acc += static_cast<double>(w[k]) * z[static_cast<std::size_t>(k)];
-      partial.ptr<float>()[t * D + d] = static_cast<float>(acc);
-    }
-  }
+  MLAKV_RETURN_IF_ERROR(check_tensor(partial, "partial", {{DType::kF32}, {T, D}, Strides::kContiguous}, Device::cpu()));
+  cpu::mla_output_projection(o_lat.ptr<const float>(), w_uv.ptr<const float>(), o_proj.ptr<const float>(), nullptr, T,
+                             Hr, L, V, D, partial.ptr<float>(), nullptr);
   return Status::Ok();
 }
 

@@ -11,7 +11,7 @@
 //    Decode: ql_nope [H, B, L] = bmm(q_nope [H, B, P], W_UK_T); the attention output
 //    [H, B, L] is brought back with bmm(x, W_UV) -> [H, B, V]. Hence
 //      W_UK_T[h][p][l] = W[h*(P+V) + p][l]   and   W_UV[h][l][v] = W[h*(P+V) + P + v][l],
-//    which is what write_pair() below stores.
+//    which is what split_kv_b_proj() below stores.
 //  - The dequantization goes to the activation dtype: get_and_maybe_dequant_weights(
 //    kv_b_proj, out_dtype=act_dtype) (quantization/utils/quant_utils.py): unquantized
 //    weights are cast; non-Marlin, non-DeepGEMM fp8 goes through scaled_dequantize (an f32
@@ -41,6 +41,7 @@
 #include <utility>
 
 #include "mlakv/numerics.h"
+#include "weights/absorb_pair.h"
 
 namespace mlakv {
 namespace {
@@ -117,7 +118,7 @@ std::vector<int64_t> storage_shape(WeightEncoding e, int64_t N, int64_t L) {
   return {N, L};
 }
 
-Status check_geometry(const KvBProjGeometry& g) {
+Status check_geometry(const MlaGeometry& g) {
   if (g.num_heads <= 0 || g.qk_nope_head_dim <= 0 || g.v_head_dim <= 0 || g.kv_lora_rank <= 0) {
     return invalid_argument(fmt::format(
         "kv_b_proj geometry: num_heads {}, qk_nope_head_dim {}, v_head_dim {}, kv_lora_rank {} must all be positive",
@@ -126,14 +127,14 @@ Status check_geometry(const KvBProjGeometry& g) {
   return Status::Ok();
 }
 
-std::string geometry_str(const KvBProjGeometry& g) {
+std::string geometry_str(const MlaGeometry& g) {
   return fmt::format("{} heads x (qk_nope_head_dim {} + v_head_dim {}), kv_lora_rank {}", g.num_heads,
                      g.qk_nope_head_dim, g.v_head_dim, g.kv_lora_rank);
 }
 
 // Resolves storage for a known encoding. Missing tensors are appended to `missing` (when
 // given) as well as reported.
-StatusOr<KvBProjStorage> resolve_with(const TensorSource& src, const std::string& p, const KvBProjGeometry& geo,
+StatusOr<KvBProjStorage> resolve_with(const TensorSource& src, const std::string& p, const MlaGeometry& geo,
                                       WeightEncoding enc, std::vector<std::string>* missing) {
   const EncodingTensors et = tensors_of(enc);
   KvBProjStorage st;
@@ -173,7 +174,7 @@ StatusOr<KvBProjStorage> resolve_with(const TensorSource& src, const std::string
   }
   const TensorView storage = *src.find(st.storage_name);
   st.device = storage.device;
-  const std::vector<int64_t> want = storage_shape(enc, geo.rows(), geo.kv_lora_rank);
+  const std::vector<int64_t> want = storage_shape(enc, geo.kv_b_rows(), geo.kv_lora_rank);
   const std::vector<int64_t> got(storage.shape.begin(), storage.shape.begin() + storage.ndim);
   if (got != want) {
     return invalid_argument(fmt::format(
@@ -225,7 +226,7 @@ inline typename D::T from_f32(float v) {
 
 // scratch [H, P+V, L] -> W_UK_T [H, P, L] and W_UV [H, L, V] (conventions at the top).
 template <class S, class D>
-void write_pair_t(const void* scratch, void* ukt, void* uv, const KvBProjGeometry& g) {
+void write_pair_t(const void* scratch, void* ukt, void* uv, const MlaGeometry& g) {
   const auto* s = static_cast<const typename S::T*>(scratch);
   auto* k = static_cast<typename D::T*>(ukt);
   auto* o = static_cast<typename D::T*>(uv);
@@ -242,19 +243,11 @@ void write_pair_t(const void* scratch, void* ukt, void* uv, const KvBProjGeometr
   }
 }
 
-void write_pair(const void* scratch, DType sdt, void* ukt, void* uv, DType dt, const KvBProjGeometry& g) {
-  if (sdt == DType::kF32) {
-    if (dt == DType::kF32) return write_pair_t<F32, F32>(scratch, ukt, uv, g);
-    return write_pair_t<F32, BF16>(scratch, ukt, uv, g);
-  }
-  if (dt == DType::kF32) return write_pair_t<BF16, F32>(scratch, ukt, uv, g);
-  return write_pair_t<BF16, BF16>(scratch, ukt, uv, g);
-}
 
 // Why `layer`'s pair cannot take the new one in place ("" when it can).
-std::string incompatibility(const AbsorbedLayer& layer, const KvBProjGeometry& g, DType dt, Device dev) {
+std::string incompatibility(const AbsorbedLayer& layer, const MlaGeometry& g, DType dt, Device dev) {
   std::vector<std::string> why;
-  const KvBProjGeometry& o = layer.geometry;
+  const MlaGeometry& o = layer.geometry;
   if (o.num_heads != g.num_heads || o.qk_nope_head_dim != g.qk_nope_head_dim || o.v_head_dim != g.v_head_dim ||
       o.kv_lora_rank != g.kv_lora_rank) {
     const std::vector<int64_t> ok = {o.num_heads, o.qk_nope_head_dim, o.kv_lora_rank};
@@ -274,9 +267,9 @@ std::string incompatibility(const AbsorbedLayer& layer, const KvBProjGeometry& g
 }
 
 // absorb_kv_b_proj once the storage is resolved (`st` describes `src` under `p`).
-Status absorb_resolved(const TensorSource& src, const std::string& p, const KvBProjStorage& st,
-                       const KvBProjGeometry& geo, CachingAllocator& alloc, const AbsorbOptions& opt,
-                       AbsorbedLayer& layer, LayerStorageChange* change) {
+Status absorb_resolved(const TensorSource& src, const std::string& p, const KvBProjStorage& st, const MlaGeometry& geo,
+                       CachingAllocator& alloc, const AbsorbOptions& opt, AbsorbedLayer& layer,
+                       LayerStorageChange* change) {
   if (opt.path == AbsorbPath::kQuantizedBmm) {
     // Nothing to allocate: the backend reads the checkpoint's storage where it lives.
     LayerStorageChange c{layer.layer, layer.has_pair(), false, ""};
@@ -306,7 +299,7 @@ Status absorb_resolved(const TensorSource& src, const std::string& p, const KvBP
   const std::size_t es = dtype_size(opt.dtype);
   const std::size_t ukt_bytes = static_cast<std::size_t>(H * P * L) * es;
   const std::size_t uv_bytes = static_cast<std::size_t>(H * L * V) * es;
-  const std::size_t scratch_bytes = static_cast<std::size_t>(geo.rows() * L) * dtype_size(sdt);
+  const std::size_t scratch_bytes = static_cast<std::size_t>(geo.kv_b_rows() * L) * dtype_size(sdt);
 
   const bool had = layer.has_pair();
   const std::string reason = had ? incompatibility(layer, geo, opt.dtype, dev) : std::string();
@@ -360,13 +353,13 @@ Status absorb_resolved(const TensorSource& src, const std::string& p, const KvBP
   StatusOr<Allocation> scratch = alloc.allocate(scratch_bytes);
   if (!scratch.ok()) {
     return scratch.status().with_context(
-        fmt::format("{}: allocating the dequantization scratch [{}, {}] {}", p, geo.rows(), L, dtype_name(sdt)));
+        fmt::format("{}: allocating the dequantization scratch [{}, {}] {}", p, geo.kv_b_rows(), L, dtype_name(sdt)));
   }
   if (!opt.placement_only) {
     WeightQuantOptions q = opt.quant;
     q.encoding = st.encoding;
-    MLAKV_RETURN_IF_ERROR(dequantize_kv_b_proj(*deq_src, p, geo, q,
-                                               TensorView::contiguous(scratch->data(), sdt, {geo.rows(), L})));
+    MLAKV_RETURN_IF_ERROR(
+        dequantize_kv_b_proj(*deq_src, p, geo, q, TensorView::contiguous(scratch->data(), sdt, {geo.kv_b_rows(), L})));
   }
   staged.clear();  // the quantized copies are done with once dequantized
 
@@ -374,7 +367,7 @@ Status absorb_resolved(const TensorSource& src, const std::string& p, const KvBP
 
   void* ukt = reuse ? layer.w_uk_t_storage.data() : new_ukt.data();
   void* uv = reuse ? layer.w_uv_storage.data() : new_uv.data();
-  if (!opt.placement_only) write_pair(scratch->data(), sdt, ukt, uv, opt.dtype, geo);
+  if (!opt.placement_only) split_kv_b_proj(scratch->data(), sdt, ukt, uv, opt.dtype, geo);
   scratch->reset();
 
   // Commit: only now may the old pair go (on any earlier failure the layer is untouched).
@@ -412,14 +405,14 @@ StatusOr<TensorView> row_slice(const TensorView& t, const std::string& name, int
 // The rank's share of the layer under `p`: row slices of the N-major tensors, the
 // per-tensor scalars as they are.
 StatusOr<std::unique_ptr<ViewSource>> shard_layer(const TensorSource& src, const std::string& p,
-                                                  const KvBProjStorage& st, const KvBProjGeometry& full, int tp,
-                                                  int rank, const WeightQuantOptions& quant) {
+                                                  const KvBProjStorage& st, const MlaGeometry& full, int tp, int rank,
+                                                  const WeightQuantOptions& quant) {
   if (st.encoding == WeightEncoding::kGptq || st.encoding == WeightEncoding::kAwq) {
     return unimplemented(fmt::format(
         "{}: tensor-parallel slicing of a {} kv_b_proj (output columns of qweight) is not implemented; use tp 1",
         st.storage_name, weight_encoding_name(st.encoding)));
   }
-  const int64_t N = full.rows(), rows = N / tp, r0 = rows * rank;
+  const int64_t N = full.kv_b_rows(), rows = N / tp, r0 = rows * rank;
   auto out = std::make_unique<ViewSource>(
       fmt::format("{} (tensor-parallel rank {} of {})", src.describe(), rank, tp));
   for (const std::string& name : st.tensors) {
@@ -455,7 +448,7 @@ struct LayerPlan {
 };
 
 struct ModelPlan {
-  KvBProjGeometry full, rank;
+  MlaGeometry full, rank;
   std::vector<LayerPlan> layers;
 };
 
@@ -471,7 +464,7 @@ StatusOr<ModelPlan> plan_model(const TensorSource& src, const ModelConfig& confi
                                         config.name, config.num_heads));
   }
   ModelPlan plan;
-  plan.full = {config.num_heads, config.qk_nope_head_dim, config.v_head_dim, config.kv_lora_rank};
+  plan.full = config.geometry();
   plan.rank = plan.full;
   plan.rank.num_heads /= opt.tp_size;
   const int count = config.num_layers + (opt.include_mtp ? config.num_mtp_layers : 0);
@@ -571,6 +564,15 @@ Status absorb_plan(const TensorSource& src, const ModelPlan& plan, CachingAlloca
 
 }  // namespace
 
+void split_kv_b_proj(const void* kv_b, DType kv_b_dtype, void* w_uk_t, void* w_uv, DType dtype, const MlaGeometry& g) {
+  if (kv_b_dtype == DType::kF32) {
+    if (dtype == DType::kF32) return write_pair_t<F32, F32>(kv_b, w_uk_t, w_uv, g);
+    return write_pair_t<F32, BF16>(kv_b, w_uk_t, w_uv, g);
+  }
+  if (dtype == DType::kF32) return write_pair_t<BF16, F32>(kv_b, w_uk_t, w_uv, g);
+  return write_pair_t<BF16, BF16>(kv_b, w_uk_t, w_uv, g);
+}
+
 std::string_view allocation_order_name(AllocationOrder order) {
   switch (order) {
     case AllocationOrder::kPersistentFirst: return "persistent_first";
@@ -590,19 +592,19 @@ std::string_view quantized_copy_name(QuantizedCopy q) {
 
 TensorView AbsorbedLayer::w_uk_t() const {
   if (!has_pair()) return {};
-  const KvBProjGeometry& g = geometry;
+  const MlaGeometry& g = geometry;
   return TensorView::contiguous(w_uk_t_storage.data(), dtype, {g.num_heads, g.qk_nope_head_dim, g.kv_lora_rank},
                                 device);
 }
 
 TensorView AbsorbedLayer::w_uv() const {
   if (!has_pair()) return {};
-  const KvBProjGeometry& g = geometry;
+  const MlaGeometry& g = geometry;
   return TensorView::contiguous(w_uv_storage.data(), dtype, {g.num_heads, g.kv_lora_rank, g.v_head_dim}, device);
 }
 
 StatusOr<KvBProjStorage> resolve_kv_b_proj_storage(const TensorSource& src, std::string_view prefix,
-                                                   const KvBProjGeometry& geo, const WeightQuantOptions& quant) {
+                                                   const MlaGeometry& geo, const WeightQuantOptions& quant) {
   MLAKV_RETURN_IF_ERROR(check_geometry(geo));
   const std::string p = normalize_prefix(prefix);
   WeightEncoding enc;
@@ -614,7 +616,7 @@ StatusOr<KvBProjStorage> resolve_kv_b_proj_storage(const TensorSource& src, std:
   return resolve_with(src, p, geo, enc, nullptr);
 }
 
-Status absorb_kv_b_proj(const TensorSource& src, std::string_view prefix, const KvBProjGeometry& geo,
+Status absorb_kv_b_proj(const TensorSource& src, std::string_view prefix, const MlaGeometry& geo,
                         CachingAllocator& alloc, const AbsorbOptions& opt, AbsorbedLayer& layer,
                         LayerStorageChange* change) {
   MLAKV_RETURN_IF_ERROR(validate_options(opt));
@@ -668,12 +670,10 @@ StatusOr<AbsorbMemoryReport> measure_absorb_memory(const TensorSource& src, cons
   report.layers = static_cast<int>(plan.layers.size());
   report.rank_geometry = plan.rank;
   report.encoding = plan.layers[0].storage.encoding;
-  const KvBProjGeometry& g = plan.rank;
+  const MlaGeometry& g = plan.rank;
   const DType sdt = opt.absorb.scratch_dtype.value_or(opt.absorb.dtype);
-  report.pair_bytes_per_layer = static_cast<std::size_t>(g.num_heads * g.kv_lora_rank *
-                                                         (g.qk_nope_head_dim + g.v_head_dim)) *
-                                dtype_size(opt.absorb.dtype);
-  report.scratch_bytes_per_layer = static_cast<std::size_t>(g.rows() * g.kv_lora_rank) * dtype_size(sdt);
+  report.pair_bytes_per_layer = static_cast<std::size_t>(g.kv_b_rows() * g.kv_lora_rank) * dtype_size(opt.absorb.dtype);
+  report.scratch_bytes_per_layer = static_cast<std::size_t>(g.kv_b_rows() * g.kv_lora_rank) * dtype_size(sdt);
   for (std::size_t b : quantized[plan.layers[0].index]) report.quantized_bytes_per_layer += b;
 
   for (AllocationOrder order : {AllocationOrder::kScratchFirst, AllocationOrder::kPersistentFirst}) {

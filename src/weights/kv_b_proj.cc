@@ -45,6 +45,8 @@
 #include <string>
 #include <vector>
 
+#include "format/load_float.h"
+#include "io/config_json.h"
 #include "mlakv/numerics.h"
 
 namespace mlakv {
@@ -69,29 +71,8 @@ inline uint16_t load_u16(const uint8_t* base, int64_t i) {
   return v;
 }
 
-// IEEE binary16 -> f32, exact. numerics.h has no f16 (the KV formats do not use it);
-// GPTQ/AWQ scales and f16 dense weights need it.
-inline float f16_to_f32(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
-  if (e == 0) {
-    const float v = static_cast<float>(m) * 5.9604644775390625e-8f;  // m * 2^-24, exact
-    return sign ? -v : v;
-  }
-  if (e == 0x1Fu) return f32_from_bits(sign | 0x7F800000u | (m << 13));  // Inf / NaN
-  return f32_from_bits(sign | ((e + 127u - 15u) << 23) | (m << 13));
-}
-
 // Element i of a f32 / bf16 / f16 tensor (contiguous) as float.
-inline float load_float(const TensorView& t, int64_t i) {
-  const auto* b = t.ptr<const uint8_t>();
-  switch (t.dtype) {
-    case DType::kF32: return f32_from_bits(load_u32(b, i));
-    case DType::kBF16: return bf16_to_f32(load_u16(b, i));
-    case DType::kF16: return f16_to_f32(load_u16(b, i));
-    default: return std::nanf("");
-  }
-}
+inline float load_float(const TensorView& t, int64_t i) { return load_as_f32(t.data, t.dtype, i); }
 
 // ---- output sinks: one instantiation per output dtype, no per-element dispatch -------
 struct F32Sink {
@@ -155,17 +136,6 @@ struct Layer {
   }
 };
 
-// check_tensor (dtype, shape, CPU) plus full contiguity, which the decoders assume.
-Status expect(const TensorView& t, const std::string& name, const TensorSpec& spec) {
-  MLAKV_RETURN_IF_ERROR(check_tensor(t, name, spec, Device::cpu()));
-  if (!t.is_contiguous()) {
-    return invalid_argument(fmt::format("{}: expected a contiguous tensor, got shape {} with strides [{}]", name,
-                                        t.shape_string(),
-                                        fmt::join(t.strides.begin(), t.strides.begin() + t.ndim, ", ")));
-  }
-  return Status::Ok();
-}
-
 // A per-tensor scale: f32 or bf16, shape [] or [1], finite and > 0.
 StatusOr<float> positive_scalar(const TensorView& t, const std::string& name) {
   if (t.dtype != DType::kF32 && t.dtype != DType::kBF16) {
@@ -221,7 +191,8 @@ std::array<float, 256> e4m3_table() {
 template <class Sink>
 Status decode_dense(const Layer& l, int64_t N, int64_t K, Sink& out) {
   MLAKV_ASSIGN_OR_RETURN(const TensorView w, l.need("weight"));
-  MLAKV_RETURN_IF_ERROR(expect(w, l.name("weight"), {{DType::kBF16, DType::kF16, DType::kF32}, {N, K}}));
+  MLAKV_RETURN_IF_ERROR(check_tensor(
+      w, l.name("weight"), {{DType::kBF16, DType::kF16, DType::kF32}, {N, K}, Strides::kContiguous}, Device::cpu()));
   const auto* b = w.ptr<const uint8_t>();
   for (int64_t n = 0; n < N; ++n) {
     const int64_t row = n * K;
@@ -249,8 +220,10 @@ Status decode_fp8_block(const Layer& l, int64_t N, int64_t K, const WeightQuantO
   const int64_t sr = (N + bn - 1) / bn, sc = (K + bk - 1) / bk;
   MLAKV_ASSIGN_OR_RETURN(const TensorView w, l.need("weight"));
   MLAKV_ASSIGN_OR_RETURN(const TensorView s, l.need("weight_scale_inv"));
-  MLAKV_RETURN_IF_ERROR(expect(w, l.name("weight"), {{DType::kF8E4M3}, {N, K}}));
-  MLAKV_RETURN_IF_ERROR(expect(s, l.name("weight_scale_inv"), {{DType::kF32, DType::kBF16}, {sr, sc}}));
+  MLAKV_RETURN_IF_ERROR(
+      check_tensor(w, l.name("weight"), {{DType::kF8E4M3}, {N, K}, Strides::kContiguous}, Device::cpu()));
+  MLAKV_RETURN_IF_ERROR(check_tensor(s, l.name("weight_scale_inv"),
+                                     {{DType::kF32, DType::kBF16}, {sr, sc}, Strides::kContiguous}, Device::cpu()));
   MLAKV_RETURN_IF_ERROR(check_finite_scales(s, l.name("weight_scale_inv")));
 
   const std::array<float, 256> lut = e4m3_table();
@@ -280,8 +253,10 @@ Status decode_nvfp4(const Layer& l, int64_t N, int64_t K, Sink& out) {
   MLAKV_ASSIGN_OR_RETURN(const TensorView w, l.need(packed_name));
   MLAKV_ASSIGN_OR_RETURN(const TensorView s, l.need("weight_scale"));
   MLAKV_ASSIGN_OR_RETURN(const TensorView g, l.need(tensor_scale_name));
-  MLAKV_RETURN_IF_ERROR(expect(w, l.name(packed_name), {{DType::kU8}, {N, K / 2}}));
-  MLAKV_RETURN_IF_ERROR(expect(s, l.name("weight_scale"), {{DType::kF8E4M3}, {N, groups}}));
+  MLAKV_RETURN_IF_ERROR(
+      check_tensor(w, l.name(packed_name), {{DType::kU8}, {N, K / 2}, Strides::kContiguous}, Device::cpu()));
+  MLAKV_RETURN_IF_ERROR(
+      check_tensor(s, l.name("weight_scale"), {{DType::kF8E4M3}, {N, groups}, Strides::kContiguous}, Device::cpu()));
   MLAKV_RETURN_IF_ERROR(check_e4m3_scales(s, l.name("weight_scale")));
   MLAKV_ASSIGN_OR_RETURN(const float tensor_scale, positive_scalar(g, l.name(tensor_scale_name)));
 
@@ -359,7 +334,7 @@ StatusOr<Int4Groups> load_int4_groups(const Layer& l, int64_t N, int64_t K, cons
   MLAKV_ASSIGN_OR_RETURN(const TensorView s, l.need("scales"));
   MLAKV_ASSIGN_OR_RETURN(const TensorView z, l.need("qzeros"));
   const std::string sname = l.name("scales"), zname = l.name("qzeros");
-  MLAKV_RETURN_IF_ERROR(expect(s, sname, {{DType::kF16}, {-1, N}}));
+  MLAKV_RETURN_IF_ERROR(check_tensor(s, sname, {{DType::kF16}, {-1, N}, Strides::kContiguous}, Device::cpu()));
   std::optional<TensorView> g_idx = use_g_idx ? l.src.find(l.name("g_idx")) : std::nullopt;
   // With g_idx the group size is only needed when the caller states one (then checked).
   int64_t G = 0;
@@ -371,13 +346,14 @@ StatusOr<Int4Groups> load_int4_groups(const Layer& l, int64_t N, int64_t K, cons
   if (out.groups <= 0) {
     return invalid_argument(fmt::format("{}: expected at least one group row, got shape {}", sname, s.shape_string()));
   }
-  MLAKV_RETURN_IF_ERROR(expect(z, zname, {{DType::kI32}, {out.groups, N / kInt4PerWord}}));
+  MLAKV_RETURN_IF_ERROR(
+      check_tensor(z, zname, {{DType::kI32}, {out.groups, N / kInt4PerWord}, Strides::kContiguous}, Device::cpu()));
   MLAKV_RETURN_IF_ERROR(check_finite_scales(s, sname));
 
   out.of_row.resize(static_cast<std::size_t>(K));
   if (g_idx) {
     const std::string gname = l.name("g_idx");
-    MLAKV_RETURN_IF_ERROR(expect(*g_idx, gname, {{DType::kI32}, {K}}));
+    MLAKV_RETURN_IF_ERROR(check_tensor(*g_idx, gname, {{DType::kI32}, {K}, Strides::kContiguous}, Device::cpu()));
     const auto* b = g_idx->ptr<const uint8_t>();
     for (int64_t k = 0; k < K; ++k) {
       const auto g = static_cast<int32_t>(load_u32(b, k));
@@ -429,7 +405,8 @@ template <class Sink>
 Status decode_gptq(const Layer& l, int64_t N, int64_t K, const WeightQuantOptions& opt, Sink& out) {
   MLAKV_RETURN_IF_ERROR(check_int4_options(l, N, K, opt));
   MLAKV_ASSIGN_OR_RETURN(const TensorView w, l.need("qweight"));
-  MLAKV_RETURN_IF_ERROR(expect(w, l.name("qweight"), {{DType::kI32}, {K / kInt4PerWord, N}}));
+  MLAKV_RETURN_IF_ERROR(
+      check_tensor(w, l.name("qweight"), {{DType::kI32}, {K / kInt4PerWord, N}, Strides::kContiguous}, Device::cpu()));
   const int32_t zero_offset = opt.gptq_format == GptqFormat::kV1 ? 1 : 0;
   MLAKV_ASSIGN_OR_RETURN(const Int4Groups grp,
                          load_int4_groups(l, N, K, opt, zero_offset, /*use_g_idx=*/true, [](int i) { return i; }));
@@ -454,7 +431,8 @@ Status decode_awq(const Layer& l, int64_t N, int64_t K, const WeightQuantOptions
   MLAKV_RETURN_IF_ERROR(check_int4_options(l, N, K, opt));
   MLAKV_ASSIGN_OR_RETURN(const TensorView w, l.need("qweight"));
   const int64_t words = N / kInt4PerWord;
-  MLAKV_RETURN_IF_ERROR(expect(w, l.name("qweight"), {{DType::kI32}, {K, words}}));
+  MLAKV_RETURN_IF_ERROR(
+      check_tensor(w, l.name("qweight"), {{DType::kI32}, {K, words}, Strides::kContiguous}, Device::cpu()));
   MLAKV_ASSIGN_OR_RETURN(const Int4Groups grp,
                          load_int4_groups(l, N, K, opt, /*zero_offset=*/0, /*use_g_idx=*/false,
                                           [](int i) { return kAwqOrder[static_cast<std::size_t>(i)]; }));
@@ -562,6 +540,7 @@ StatusOr<WeightQuantOptions> parse_weight_quant_options(std::string_view quantiz
                        /*allow_exceptions=*/false);
   if (j.is_discarded()) return invalid_argument("quantization_config: not valid JSON");
   if (j.is_object() && j.contains("quantization_config")) j = j["quantization_config"];
+  if (j.is_null()) return WeightQuantOptions{};  // "quantization_config": null: not quantized
   if (!j.is_object()) return invalid_argument("quantization_config: expected a JSON object");
 
   WeightQuantOptions opt;
@@ -604,6 +583,22 @@ StatusOr<WeightQuantOptions> parse_weight_quant_options(std::string_view quantiz
         "quantization_config.quant_method '{}': supported are fp8, gptq, awq, modelopt, compressed-tensors", *method));
   }
   return opt;
+}
+
+StatusOr<WeightQuantOptions> parse_checkpoint_quant_options(std::string_view config_json, std::string_view source) {
+  const json j = json::parse(config_json.begin(), config_json.end(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return invalid_argument(fmt::format("{}: not valid JSON", source));
+  if (!j.is_object()) return invalid_argument(fmt::format("{}: expected a JSON object (a config.json)", source));
+  const auto it = j.find("quantization_config");
+  if (it == j.end() || it->is_null()) return WeightQuantOptions{};
+  StatusOr<WeightQuantOptions> q = parse_weight_quant_options(it->dump());
+  if (!q.ok()) return q.status().with_context(source);
+  return q;
+}
+
+StatusOr<WeightQuantOptions> load_checkpoint_quant_options(const std::string& path) {
+  MLAKV_ASSIGN_OR_RETURN(const io::ConfigJson c, io::read_config_json(path));
+  return parse_checkpoint_quant_options(c.text, c.file);
 }
 
 StatusOr<WeightEncoding> detect_weight_encoding(const TensorSource& src, std::string_view prefix) {
@@ -676,14 +671,14 @@ Status dequantize_weight(const TensorSource& src, std::string_view prefix, int64
   return run(layer, N, K, opt, Bf16Sink{out.ptr<uint16_t>(), K});
 }
 
-Status dequantize_kv_b_proj(const TensorSource& src, std::string_view prefix, const KvBProjGeometry& geo,
+Status dequantize_kv_b_proj(const TensorSource& src, std::string_view prefix, const MlaGeometry& geo,
                             const WeightQuantOptions& opt, const TensorView& out) {
   if (geo.num_heads <= 0 || geo.qk_nope_head_dim <= 0 || geo.v_head_dim <= 0 || geo.kv_lora_rank <= 0) {
     return invalid_argument(fmt::format(
         "kv_b_proj geometry: num_heads {}, qk_nope_head_dim {}, v_head_dim {}, kv_lora_rank {} must all be positive",
         geo.num_heads, geo.qk_nope_head_dim, geo.v_head_dim, geo.kv_lora_rank));
   }
-  const int64_t N = geo.rows(), K = geo.kv_lora_rank;
+  const int64_t N = geo.kv_b_rows(), K = geo.kv_lora_rank;
   if (out.ndim != 3) return dequantize_weight(src, prefix, N, K, opt, out);
   MLAKV_RETURN_IF_ERROR(
       check_tensor(out, "out", {{DType::kF32, DType::kBF16}, {geo.num_heads, geo.qk_nope_head_dim + geo.v_head_dim, K}},

@@ -8,6 +8,7 @@
 #include <map>
 #include <vector>
 
+#include "mlakv/rng.h"
 #include "mlakv/numerics.h"
 
 namespace mlakv::synthetic {
@@ -16,26 +17,6 @@ namespace {
 constexpr float kWeightStd = 0.02f;
 constexpr int64_t kFp8Block = 128;
 constexpr int64_t kNvfp4Group = 16;
-
-// splitmix64 + Box-Muller, reproducible across platforms.
-class Normal {
- public:
-  explicit Normal(uint64_t seed) : state_(seed * 0x9E3779B97F4A7C15ull + 1) {}
-  float operator()() {
-    const double u1 = (static_cast<double>(next() >> 11) + 0.5) * (1.0 / 9007199254740992.0);
-    const double u2 = static_cast<double>(next() >> 11) * (1.0 / 9007199254740992.0);
-    return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
-  }
-
- private:
-  uint64_t next() {
-    uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  uint64_t state_;
-};
 
 struct Tensor {
   DType dtype;
@@ -180,16 +161,16 @@ StatusOr<std::unique_ptr<TensorSource>> make_kv_b_proj_checkpoint(const ModelCon
     return unimplemented(fmt::format("synthetic checkpoint: the {} encoding is not generated",
                                      weight_encoding_name(spec.encoding)));
   }
-  const int64_t N = static_cast<int64_t>(config.num_heads) * (config.qk_nope_head_dim + config.v_head_dim);
+  const int64_t N = config.kv_b_rows();
   const int64_t K = config.kv_lora_rank;
   if ((spec.encoding == WeightEncoding::kModelOptNvfp4 || spec.encoding == WeightEncoding::kCompressedTensorsNvfp4) &&
       K % kNvfp4Group != 0) {
     return invalid_argument(fmt::format("synthetic checkpoint: kv_lora_rank {} is not a multiple of the NVFP4 group {}",
                                         K, kNvfp4Group));
   }
-  Normal normal(spec.seed);
+  SplitMix64 rng(spec.seed);
   std::vector<float> w(static_cast<std::size_t>(N * K));
-  for (float& x : w) x = kWeightStd * normal();
+  for (float& x : w) x = kWeightStd * rng.normal();
   std::string what = fmt::format("synthetic {} kv_b_proj ({}, {} layers sharing one set of bytes)", config.name,
                                  weight_encoding_name(spec.encoding), spec.layers);
   return std::unique_ptr<TensorSource>(std::make_unique<SharedLayerSource>(quantize(w, N, K, spec.encoding),

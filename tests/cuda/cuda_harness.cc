@@ -703,8 +703,7 @@ TEST_F(Cuda, WritersAreByteIdenticalToTheCpuCodecs) {
           float l[kLatentDim], r[kRopeDim];
           for (int d = 0; d < kLatentDim; ++d) l[d] = bf16_in ? bf16_to_f32(lat16[static_cast<std::size_t>(i * kLatentDim + d)]) : lat[static_cast<std::size_t>(i * kLatentDim + d)];
           for (int d = 0; d < kRopeDim; ++d) r[d] = bf16_in ? bf16_to_f32(rope16[static_cast<std::size_t>(i * kRopeDim + d)]) : rope[static_cast<std::size_t>(i * kRopeDim + d)];
-          codec::encode_record(f, l, r, outer, mode == Fp8ScaleMode::kExact ? codec::Fp8Scales::kExact : codec::Fp8Scales::kPow2,
-                               want.data() + s * rb);
+          codec::encode_record(f, l, r, outer, mode, want.data() + s * rb);
         }
         DeviceBuffer<uint8_t> d_cache(want.size());
         CUDA_OK(cudaMemset(d_cache.ptr, 0xAB, want.size()));
@@ -808,14 +807,9 @@ TEST_F(Cuda, LayerForwardMatchesTheCpuLayer) {
       auto ck = Checkpoint::open(dir);
       ASSERT_TRUE(ck.ok()) << ck.status().to_string();
       MlaLoadOptions lo;
-      auto cfg_text = std::ifstream(dir + "/config.json");
-      std::string text((std::istreambuf_iterator<char>(cfg_text)), std::istreambuf_iterator<char>());
-      auto j = nlohmann::json::parse(text);
-      if (j.contains("quantization_config")) {
-        auto parsed = parse_weight_quant_options(j["quantization_config"].dump());
-        ASSERT_TRUE(parsed.ok()) << parsed.status().to_string();
-        lo.quant = *parsed;
-      }
+      auto parsed = load_checkpoint_quant_options(dir);
+      ASSERT_TRUE(parsed.ok()) << parsed.status().to_string();
+      lo.quant = *parsed;
       auto io = SafetensorsFile::open(dir + "/io.safetensors");
       ASSERT_TRUE(io.ok()) << io.status().to_string();
       const auto& meta = (*io)->metadata();
