@@ -60,6 +60,10 @@ struct ModelConfig {
   int index_n_heads = 0;
   int index_head_dim = 0;
   int index_topk = 0;
+  // config.json max_position_embeddings: the longest sequence the model was built for
+  // (0 = unknown). `mlakv plan` caps the longest request at it; layer-forward refuses
+  // positions at or past it.
+  int max_position_embeddings = 0;
 
   int qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
   int cache_layers() const { return num_layers + num_mtp_layers; }
@@ -78,6 +82,10 @@ struct DeploymentDefaults {
   double mem_util = 0.9;
   double reserved_gib = 0.0;  // weights + activations + graphs, per GPU
   std::string_view note;      // where the numbers come from
+  // The published checkpoint's weights in GiB (all ranks together); `mlakv plan` reserves
+  // weight_gib / tp + activation_gib per GPU, which is reserved_gib at the preset's tp.
+  double weight_gib = 0.0;
+  double activation_gib = 4.0;  // activations, CUDA graphs and allocator slack per GPU
 };
 
 struct ModelPreset {

@@ -411,6 +411,7 @@ StatusOr<ModelConfig> parse(std::string_view text, std::string_view source) {
     c.rope.interleaved = ri.value_or(true);
   }
   MLAKV_ASSIGN_OR_RETURN(std::optional<int> max_pos, f.opt_positions("max_position_embeddings"));
+  c.max_position_embeddings = max_pos.value_or(td != nullptr ? td->max_position_embeddings : 0);
   MLAKV_RETURN_IF_ERROR(
       read_rope(*j, f, max_pos.value_or(td != nullptr ? td->max_position_embeddings : 4096), c.qk_rope_head_dim,
                 c.rope));
