@@ -98,6 +98,18 @@ MLAKV_HD uint32_t round_to_minifloat(uint32_t abs_bits, int mbits, int bias) {
 // ---- bf16 ------------------------------------------------------------------------
 MLAKV_HD float bf16_to_f32(uint16_t b) { return f32_from_bits(static_cast<uint32_t>(b) << 16); }
 
+// IEEE binary16 (f16) -> float32, exact (subnormals, Inf and NaN kept).
+MLAKV_HD float half_to_f32(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
+  if (e == 0x1Fu) return f32_from_bits(sign | 0x7F800000u | (m << 13));
+  if (e == 0) {
+    const float v = static_cast<float>(m) * 5.9604644775390625e-8f;  // m * 2^-24
+    return sign != 0u ? -v : v;
+  }
+  return f32_from_bits(sign | ((e + 112u) << 23) | (m << 13));
+}
+
 MLAKV_HD uint16_t f32_to_bf16(float x) {
   const uint32_t u = f32_bits(x);
   if ((u & 0x7FFFFFFFu) > 0x7F800000u) return kBf16NaN;
