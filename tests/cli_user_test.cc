@@ -6,14 +6,17 @@
 
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <vector>
 
+#include "mlakv/numerics.h"
 #include "mlakv/safetensors.h"
 #include "support/cli_run.h"
 
 namespace mlakv {
 namespace {
 
+using testing::CliFixture;
 using testing::CliRun;
 using Json = nlohmann::json;
 
@@ -153,6 +156,320 @@ TEST_F(CliUser, UsageErrorsExitTwoOtherErrorsOne) {
   r = run("plan --bogus-flag --json");
   EXPECT_EQ(r.rc, 2);
   EXPECT_EQ(json_of(r)["error"]["code"], "usage");
+}
+
+// ---- record files -------------------------------------------------------------------------
+
+// Rows whose values are exact in bf16 (and e4m3 after fp8_ds_mla's power-of-two scale).
+std::vector<float> exact_rows(int n, float latent_value) {
+  std::vector<float> rows(static_cast<std::size_t>(n) * 576);
+  for (int t = 0; t < n; ++t) {
+    for (int d = 0; d < 576; ++d) {
+      rows[static_cast<std::size_t>(t * 576 + d)] = d < 512 ? latent_value : 0.25f * static_cast<float>((d % 9) - 4);
+    }
+  }
+  return rows;
+}
+
+uint32_t u32_at(const std::string& b, int off) {
+  uint32_t v;
+  std::memcpy(&v, b.data() + off, 4);
+  return v;
+}
+
+TEST_F(CliUser, RecordFilesDescribeThemselves) {
+  std::vector<float> rows = exact_rows(2, 1.5f);
+  spit(path("in.f32"), rows.data(), rows.size() * 4);
+  CliRun r = run("codec encode --format nvfp4_ds_mla --outer-scale 0.25 --in " + path("in.f32") + " --out " +
+                 path("r.rec"));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const std::string file = slurp(path("r.rec"));
+  ASSERT_EQ(file.size(), 64u + 2 * 432u);
+  EXPECT_EQ(file.substr(0, 8), "MLAKVREC");
+  EXPECT_EQ(u32_at(file, 8), 1u);      // version
+  EXPECT_EQ(u32_at(file, 16), 2u);     // nvfp4_ds_mla
+  EXPECT_EQ(u32_at(file, 20), 432u);   // record bytes
+  float s;
+  std::memcpy(&s, file.data() + 24, 4);
+  EXPECT_EQ(s, 0.25f);
+  EXPECT_EQ(u32_at(file, 32), 2u);     // tokens (low word)
+  // The records after the header are the --raw ones: y = 6 -> sf 0x38, q = 7.
+  EXPECT_EQ(static_cast<uint8_t>(file[64]), 0x77);
+  EXPECT_EQ(static_cast<uint8_t>(file[64 + 256]), 0x38);
+
+  // decode needs no --format: the header says it, and decodes exactly 1.5 back.
+  r = run("codec decode --in " + path("r.rec") + " --out " + path("back.f32") + " --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(json_of(r)["format"], "nvfp4_ds_mla");
+  const std::string back = slurp(path("back.f32"));
+  ASSERT_EQ(back.size(), rows.size() * 4);
+  EXPECT_EQ(std::memcmp(back.data(), rows.data(), back.size()), 0);
+
+  // Options that contradict the header are refused, not obeyed.
+  r = run("codec decode --format bf16 --in " + path("r.rec") + " --out " + path("x.f32"));
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("holds nvfp4_ds_mla records"), std::string::npos) << r.err;
+  r = run("codec decode --outer-scale 1 --in " + path("r.rec") + " --out " + path("x.f32"));
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("was written with outer scale 0.25"), std::string::npos) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(path("x.f32")));
+  // Bare records need the explicit flag.
+  spit(path("bare.rec"), file.data() + 64, file.size() - 64);
+  r = run("codec decode --in " + path("bare.rec") + " --out " + path("x.f32"));
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("not an mlakv record file"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--raw"), std::string::npos) << r.err;
+  r = run("codec decode --raw --format nvfp4_ds_mla --outer-scale 0.25 --in " + path("bare.rec") + " --out " +
+          path("x.f32"));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(slurp(path("x.f32")), back);
+  // A truncated file is caught by the header's token count.
+  spit(path("cut.rec"), file.data(), file.size() - 1);
+  r = run("codec decode --in " + path("cut.rec") + " --out " + path("y.f32"));
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("header says 2 tokens"), std::string::npos) << r.err;
+}
+
+TEST_F(CliUser, DecodeRefusesNonFiniteValues) {
+  // 0xFF bytes read as bf16 are NaN: refused, no output written.
+  const std::string junk(2 * 1152, '\xff');
+  spit(path("junk.rec"), junk.data(), junk.size());
+  CliRun r = run("codec decode --raw --format bf16 --in " + path("junk.rec") + " --out " + path("x.f32"));
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("record 0: latent dimension 0 decodes to -nan"), std::string::npos) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(path("x.f32")));
+}
+
+TEST_F(CliUser, CodecReadsNpySafetensorsAndBf16Rows) {
+  const std::vector<float> rows = exact_rows(3, 1.5f);
+  spit(path("in.f32"), rows.data(), rows.size() * 4);
+  ASSERT_EQ(run("codec encode --format fp8_ds_mla --in " + path("in.f32") + " --out " + path("ref.rec")).rc, 0);
+  const std::string ref = slurp(path("ref.rec"));
+  // raw bf16
+  std::vector<uint16_t> b16(rows.size());
+  for (std::size_t i = 0; i < rows.size(); ++i) b16[i] = f32_to_bf16(rows[i]);
+  spit(path("in.bf16"), b16.data(), b16.size() * 2);
+  CliRun r = run("codec encode --format fp8_ds_mla --in-dtype bf16 --in " + path("in.bf16") + " --out " + path("a.rec"));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(slurp(path("a.rec")), ref);
+  // .safetensors bf16 [1, n, 576]
+  ASSERT_TRUE(write_safetensors(path("in.safetensors"),
+                                {{"kv", TensorView::contiguous(b16.data(), DType::kBF16, {1, 3, 576})}})
+                  .ok());
+  r = run("codec encode --format fp8_ds_mla --in " + path("in.safetensors") + " --out " + path("b.rec"));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(slurp(path("b.rec")), ref);
+  // .npy <f4, written by hand (version 1.0 header padded to 64 B)
+  std::string h = "{'descr': '<f4', 'fortran_order': False, 'shape': (3, 576), }";
+  while ((10 + h.size() + 1) % 64 != 0) h += ' ';
+  h += '\n';
+  std::string npy = std::string("\x93NUMPY\x01\x00", 8) + static_cast<char>(h.size()) + '\0' + h;
+  npy.append(reinterpret_cast<const char*>(rows.data()), rows.size() * 4);
+  spit(path("in.npy"), npy.data(), npy.size());
+  r = run("codec encode --format fp8_ds_mla --in " + path("in.npy") + " --out " + path("c.rec"));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(slurp(path("c.rec")), ref);
+  // decode to .npy: the same header shape, the same data.
+  r = run("codec decode --in " + path("c.rec") + " --out " + path("back.npy"));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(slurp(path("back.npy")), npy);
+  // A wrong shape is named.
+  ASSERT_TRUE(write_safetensors(path("bad.safetensors"),
+                                {{"kv", TensorView::contiguous(b16.data(), DType::kBF16, {3, 288, 2})}})
+                  .ok());
+  r = run("codec encode --format fp8_ds_mla --in " + path("bad.safetensors") + " --out " + path("d.rec"));
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("shape [3, 288, 2] must be [n, 576]"), std::string::npos) << r.err;
+}
+
+TEST_F(CliUser, Fp8ScalesOptionOnlyForFp8DsMla) {
+  const std::vector<float> rows = exact_rows(1, 1.0f);
+  spit(path("in.f32"), rows.data(), rows.size() * 4);
+  CliRun r = run("codec encode --format nvfp4_ds_mla --fp8-scales exact --in " + path("in.f32") + " --out " +
+                 path("r.rec"));
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("--fp8-scales applies to fp8_ds_mla"), std::string::npos) << r.err;
+  r = run("codec encode --format fp8_ds_mla --fp8-scales exact --in " + path("in.f32") + " --out " + path("r.rec"));
+  EXPECT_EQ(r.rc, 0) << r.err;
+}
+
+TEST_F(CliUser, CodecStatsPerPart) {
+  // Latent 1.0 everywhere: fp8_ds_mla's pow2 tile scale is 2^-8 against amax/448 (rel err
+  // 448/256 - 1 = 0.75) and stores 256 exactly; nvfp4's group scale is e4m3(1/6) = 0.171875
+  // (rel err 0.03125), decoding 6 x 0.171875 = 1.03125 (latent rel err 0.03125). The rope
+  // values are bf16-exact.
+  const std::vector<float> rows = exact_rows(2, 1.0f);
+  spit(path("in.f32"), rows.data(), rows.size() * 4);
+  CliRun r = run("codec stats --format all --in " + path("in.f32") + " --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  Json j = json_of(r);
+  ASSERT_EQ(j["formats"].size(), 4u);
+  std::map<std::string, Json> by;
+  for (const Json& f : j["formats"]) by[f["format"].get<std::string>()] = f;
+  EXPECT_EQ(by["bf16"]["latent"]["rel_l2"].get<double>(), 0.0);
+  EXPECT_EQ(by["bf16"]["scales"]["count"], 0);
+  EXPECT_EQ(by["fp8_ds_mla"]["latent"]["rel_l2"].get<double>(), 0.0);
+  EXPECT_EQ(by["fp8_ds_mla"]["rope"]["rel_l2"].get<double>(), 0.0);
+  EXPECT_EQ(by["fp8_ds_mla"]["scales"]["count"], 8);
+  EXPECT_NEAR(by["fp8_ds_mla"]["scales"]["mean_rel_err"].get<double>(), 0.75, 1e-6);
+  EXPECT_NEAR(by["nvfp4_ds_mla"]["latent"]["rel_l2"].get<double>(), 0.03125, 1e-7);
+  EXPECT_NEAR(by["nvfp4_ds_mla"]["scales"]["max_rel_err"].get<double>(), 0.03125, 1e-6);
+  EXPECT_EQ(by["nvfp4_ds_mla"]["scales"]["subnormal_group_scales"], 0);
+  EXPECT_GT(by["nvfp4_ds_mla_fp8rope"]["rope"]["rel_l2"].get<double>(), 0.0);
+  r = run("codec stats --format nvfp4_ds_mla --in " + path("in.f32"));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("3.125e-02"), std::string::npos) << r.out;
+}
+
+// ---- quality traps ---------------------------------------------------------------------------
+
+TEST_F(CliUser, Nvfp4WithoutOuterScaleOnSmallLatentsWarns) {
+  // max |latent| 0.01: every group scale 0.01/6 is below e4m3's 2^-6.
+  const std::vector<float> rows = exact_rows(4, 0.01f);
+  spit(path("in.f32"), rows.data(), rows.size() * 4);
+  CliRun r = run("codec encode --format nvfp4_ds_mla --in " + path("in.f32") + " --out " + path("r.rec"));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.err.find("warning: "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("128 of 128 group scales (4 tokens) fell into e4m3 subnormals"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("s_l = 3.72024e-06"), std::string::npos) << r.err;  // 0.01 / 2688
+  // With that scale: no warning.
+  r = run("codec encode --format nvfp4_ds_mla --outer-scale 3.72024e-06 --in " + path("in.f32") + " --out " +
+          path("r.rec"));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.err.find("warning"), std::string::npos) << r.err;
+}
+
+// A copy of the deepseek_v3 parity fixture, with kv_a_layernorm scaled by `norm_scale`
+// (a power of two: exact in bf16) and, with `mtp`, the layer moved to index 1 as the MTP
+// layer of a one-layer model.
+std::string fixture_copy(const std::filesystem::path& dir, float norm_scale, bool mtp) {
+  const std::string src = std::string(MLAKV_TEST_DATA_DIR) + "/hf_parity/deepseek_v3";
+  std::filesystem::create_directories(dir);
+  auto f = SafetensorsFile::open(src + "/model.safetensors");
+  EXPECT_TRUE(f.ok());
+  std::vector<std::vector<uint16_t>> keep;
+  std::vector<std::pair<std::string, TensorView>> tensors;
+  for (const std::string& name : (*f)->names()) {
+    TensorView t = *(*f)->find(name);
+    std::string out = name;
+    if (mtp) out.replace(out.find("layers.0."), 9, "layers.1.");
+    if (name.find("kv_a_layernorm.weight") != std::string::npos) {
+      keep.emplace_back(static_cast<std::size_t>(t.numel()));
+      for (int64_t i = 0; i < t.numel(); ++i) {
+        keep.back()[static_cast<std::size_t>(i)] = f32_to_bf16(bf16_to_f32(t.ptr<const uint16_t>()[i]) * norm_scale);
+      }
+      t = TensorView::contiguous(keep.back().data(), DType::kBF16, {t.size(0)});
+    }
+    tensors.emplace_back(out, t);
+  }
+  EXPECT_TRUE(write_safetensors((dir / "model.safetensors").string(), tensors).ok());
+  std::string cfg = CliFixture::slurp(src + "/config.json");
+  if (mtp) cfg.replace(cfg.find("\"num_nextn_predict_layers\": 0"), 29, "\"num_nextn_predict_layers\": 1");
+  CliFixture::spit(dir / "config.json", cfg.data(), cfg.size());
+  std::filesystem::copy_file(src + "/io.safetensors", dir / "io.safetensors");
+  return dir.string();
+}
+
+TEST_F(CliUser, LayerForwardWarnsNamingTheLayerAndTheScale) {
+  const std::string m = fixture_copy(dir_ / "small", 1.0f / 256, false);
+  CliRun r = run("layer-forward --model " + m + " --layer 0 --input " + m + "/io.safetensors --output " +
+                 path("y.safetensors") + " --format nvfp4_ds_mla");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.err.rfind("warning: layer 0: nvfp4_ds_mla at outer scale 1: ", 0), 0u) << r.err;
+  EXPECT_NE(r.err.find("fell into e4m3 subnormals"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("an outer scale s_l = "), std::string::npos) << r.err;
+  // The unmodified fixture's latents are large enough: no warning.
+  const std::string src = std::string(MLAKV_TEST_DATA_DIR) + "/hf_parity/deepseek_v3";
+  r = run("layer-forward --model " + src + " --layer 0 --input " + src + "/io.safetensors --output " +
+          path("z.safetensors") + " --format nvfp4_ds_mla");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.err.find("warning"), std::string::npos) << r.err;
+}
+
+TEST_F(CliUser, ScaleFileNotCoveringTheLayerWarns) {
+  // A one-layer model with an MTP layer (index 1) and a one-layer scale file.
+  const std::string m = fixture_copy(dir_ / "mtp", 1.0f, true);
+  write_text("scales.json", R"({"format": "nvfp4_ds_mla_outer_scale_v1", "num_layers": 1, "latent_dim": 512,
+                                 "denominator": 2688.0, "scales": [0.001]})");
+  CliRun r = run("layer-forward --model " + m + " --layer 1 --input " + m + "/io.safetensors --output " +
+                 path("y.safetensors") + " --format nvfp4_ds_mla --scales " + path("scales.json") + " --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.err.find("warning: --scales"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("covers layers [0, 1); layer 1 is past it and uses outer scale 1.0"), std::string::npos)
+      << r.err;
+  EXPECT_EQ(json_of(r)["outer_scale"].get<double>(), 1.0);
+}
+
+TEST_F(CliUser, CalibrateRefusesDroppedLayersAndRepeatedCaptures) {
+  std::vector<float> a(4 * 512, 0.5f), b(4 * 512, 2.0f);
+  ASSERT_TRUE(write_safetensors(path("c0.safetensors"),
+                                {{"layers.0.kv_c_normed", TensorView::contiguous(a.data(), DType::kF32, {4, 512})}})
+                  .ok());
+  ASSERT_TRUE(write_safetensors(path("c1.safetensors"),
+                                {{"layers.1.kv_c_normed", TensorView::contiguous(b.data(), DType::kF32, {4, 512})}})
+                  .ok());
+  CliRun r = run("calibrate --activations " + path("c0.safetensors") + " --activations " + path("c1.safetensors") +
+                 " --num-layers 1 --out " + path("s.json"));
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("num_layers 1 leaves out captured layer(s) 1"), std::string::npos) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(path("s.json")));
+  r = run("calibrate --activations " + path("c0.safetensors") + " --activations " + dir_.string() + "/./c0.safetensors" +
+          " --out " + path("s.json"));
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("are the same capture"), std::string::npos) << r.err;
+  r = run("calibrate --activations " + path("c0.safetensors") + " --activations " + path("c1.safetensors") +
+          " --out " + path("s.json") + " --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(json_of(r)["num_layers"], 2);
+}
+
+// ---- layer-forward input ------------------------------------------------------------------------
+
+TEST_F(CliUser, LayerForwardTakesBf16BatchedInputAndRefusesLongPositions) {
+  const std::string src = std::string(MLAKV_TEST_DATA_DIR) + "/hf_parity/deepseek_v3";
+  auto io = SafetensorsFile::open(src + "/io.safetensors");
+  ASSERT_TRUE(io.ok());
+  const TensorView h = *(*io)->find("hidden_states");
+  const TensorView pos = *(*io)->find("positions");
+  const int64_t T = h.size(0), D = h.size(1);
+  std::vector<uint16_t> hb(static_cast<std::size_t>(T * D));
+  std::vector<float> hf(hb.size());
+  for (std::size_t i = 0; i < hb.size(); ++i) {
+    hb[i] = f32_to_bf16(h.ptr<const float>()[i]);
+    hf[i] = bf16_to_f32(hb[i]);
+  }
+  std::vector<int32_t> p32(static_cast<std::size_t>(T));
+  for (int64_t t = 0; t < T; ++t) p32[static_cast<std::size_t>(t)] = static_cast<int32_t>(pos.ptr<const int64_t>()[t]);
+  ASSERT_TRUE(write_safetensors(path("bf16.safetensors"),
+                                {{"hidden_states", TensorView::contiguous(hb.data(), DType::kBF16, {1, T, D})},
+                                 {"positions", TensorView::contiguous(p32.data(), DType::kI32, {1, T})}})
+                  .ok());
+  ASSERT_TRUE(write_safetensors(path("f32.safetensors"),
+                                {{"hidden_states", TensorView::contiguous(hf.data(), DType::kF32, {T, D})}, {"positions", pos}})
+                  .ok());
+  const std::string base = "layer-forward --model " + src + " --layer 0 --threads 1 --input ";
+  CliRun r = run(base + path("bf16.safetensors") + " --output " + path("a.safetensors"));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  r = run(base + path("f32.safetensors") + " --output " + path("b.safetensors"));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  auto oa = SafetensorsFile::open(path("a.safetensors"));
+  auto ob = SafetensorsFile::open(path("b.safetensors"));
+  ASSERT_TRUE(oa.ok() && ob.ok());
+  const TensorView ya = *(*oa)->find("output"), yb = *(*ob)->find("output");
+  ASSERT_EQ(ya.numel(), T * D);
+  EXPECT_EQ(std::memcmp(ya.data, yb.data, static_cast<std::size_t>(T * D) * 4), 0) << "bf16 input = its f32 widening";
+  // A position at max_position_embeddings (163840) is refused.
+  std::vector<int64_t> far(static_cast<std::size_t>(T));
+  for (int64_t t = 0; t < T; ++t) far[static_cast<std::size_t>(t)] = 163835 + t;
+  ASSERT_TRUE(write_safetensors(path("far.safetensors"),
+                                {{"hidden_states", h}, {"positions", TensorView::contiguous(far.data(), DType::kI64, {T})}})
+                  .ok());
+  r = run(base + path("far.safetensors") + " --output " + path("c.safetensors"));
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("positions[5] = 163840 is outside [0, 163840)"), std::string::npos) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(path("c.safetensors")));
+  r = run("layer-forward --help");
+  EXPECT_NE(r.out.find("AFTER input_layernorm"), std::string::npos) << r.out;
 }
 
 }  // namespace

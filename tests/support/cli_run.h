@@ -20,6 +20,18 @@ struct CliRun {
 };
 
 class CliFixture : public ::testing::Test {
+ public:
+  static std::string slurp(const std::filesystem::path& p) {
+    std::ifstream f(p, std::ios::binary);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+  }
+  static void spit(const std::filesystem::path& p, const void* data, std::size_t n) {
+    std::ofstream f(p, std::ios::binary);
+    f.write(static_cast<const char*>(data), static_cast<std::streamsize>(n));
+  }
+
  protected:
   void SetUp() override {
     dir_ = std::filesystem::temp_directory_path() /
@@ -34,16 +46,6 @@ class CliFixture : public ::testing::Test {
     const std::string cmd = std::string(MLAKV_CLI_PATH) + " " + args + " >" + out + " 2>" + err;
     const int status = std::system(cmd.c_str());
     return {WEXITSTATUS(status), slurp(out), slurp(err)};
-  }
-  static std::string slurp(const std::filesystem::path& p) {
-    std::ifstream f(p, std::ios::binary);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    return ss.str();
-  }
-  static void spit(const std::filesystem::path& p, const void* data, std::size_t n) {
-    std::ofstream f(p, std::ios::binary);
-    f.write(static_cast<const char*>(data), static_cast<std::streamsize>(n));
   }
   std::string path(const std::string& name) const { return (dir_ / name).string(); }
 
