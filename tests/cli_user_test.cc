@@ -472,5 +472,41 @@ TEST_F(CliUser, LayerForwardTakesBf16BatchedInputAndRefusesLongPositions) {
   EXPECT_NE(r.out.find("AFTER input_layernorm"), std::string::npos) << r.out;
 }
 
+// ---- demo ----------------------------------------------------------------------------------
+
+TEST_F(CliUser, DemoFiguresAreRightAndDiscriminate) {
+  CliRun r = run("demo --context 2048 --heads 4 --threads 1 --reps 1 --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  Json j = json_of(r);
+  EXPECT_TRUE(j["threads"].is_number_integer()) << j["threads"];
+  EXPECT_EQ(j["threads"], 1);
+  EXPECT_EQ(j["simd"].get<std::string>().find("AVX3"), std::string::npos) << j["simd"];
+  // The needle holds half of head 0's attention in the float64 reference (up to the float32
+  // rounding of its planted latent).
+  EXPECT_NEAR(j["needle_weight_reference"].get<double>(), 0.5, 1e-6);
+  std::map<std::string, Json> by;
+  for (const Json& f : j["formats"]) {
+    by[f["format"].get<std::string>()] = f;
+    EXPECT_GE(f["needle_weight"].get<double>(), 0.0);
+    EXPECT_LE(f["needle_weight"].get<double>(), 1.0);
+  }
+  ASSERT_EQ(by.size(), 4u);
+  // The query's RoPE part is live: fp8 RoPE changes the output (it was identical to 16 digits).
+  EXPECT_NE(by["nvfp4_ds_mla"]["out_rel_l2"].get<double>(), by["nvfp4_ds_mla_fp8rope"]["out_rel_l2"].get<double>());
+  // The needle's weight separates the formats: bf16 stays close to the reference, nvfp4 not.
+  const double e_bf16 = std::fabs(by["bf16"]["needle_weight_err"].get<double>());
+  const double e_fp4 = std::fabs(by["nvfp4_ds_mla"]["needle_weight_err"].get<double>());
+  EXPECT_LT(e_bf16, 0.01);
+  EXPECT_GT(e_fp4, 5 * e_bf16);
+
+  r = run("demo --context 1024 --heads 2 --threads 1 --reps 1 --format nvfp4_ds_mla");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out.find("every format"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("(ranked first) in nvfp4_ds_mla"), std::string::npos) << r.out;
+  r = run("demo --threads -1");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("--threads must be >= 0"), std::string::npos) << r.err;
+}
+
 }  // namespace
 }  // namespace mlakv

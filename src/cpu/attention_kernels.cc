@@ -11,6 +11,8 @@
 // nvfp4 latents are dequantized with each chunk of 2*NQ dims stored as [even | odd]
 // dims (NQ = dequant lanes): the nibble split then needs no lane shuffles. Q's latent
 // is permuted the same way and O is un-permuted at the end, so the sums are unchanged.
+#include <string_view>
+
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "cpu/attention_kernels.cc"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
@@ -338,8 +340,15 @@ HWY_EXPORT(RunUnit);
 void run_attention_unit(const UnitArgs& a) { HWY_DYNAMIC_DISPATCH(RunUnit)(a); }
 
 const char* attention_simd_target() {
-  // The dispatcher's choice: the best (lowest-bit) target compiled in and supported here.
+  // The dispatcher's choice: the best (lowest-bit) target compiled in and supported here,
+  // under the ISA's common name (Highway calls the AVX-512 tiers AVX3*).
   const int64_t t = hwy::SupportedTargets() & HWY_TARGETS;
+  const std::string_view name = hwy::TargetName(t & -t);
+  if (name == "AVX3") return "AVX-512";
+  if (name == "AVX3_DL") return "AVX-512 (Ice Lake: VNNI, VBMI2)";
+  if (name == "AVX3_ZEN4") return "AVX-512 (Zen 4)";
+  if (name == "AVX3_SPR") return "AVX-512 (Sapphire Rapids: FP16)";
+  if (name == "EMU128") return "scalar (128-bit emulation)";
   return hwy::TargetName(t & -t);
 }
 

@@ -26,7 +26,8 @@ struct UnitArgs {
 
 void run_attention_unit(const UnitArgs& a);
 
-// The instruction set the dispatcher picks on this machine ("AVX2", "AVX3", ...).
+// The instruction set the dispatcher picks on this machine, by its common name
+// ("AVX2", "AVX-512", "NEON", ...; Highway's "AVX3" is AVX-512).
 const char* attention_simd_target();
 
 }  // namespace mlakv::cpu
