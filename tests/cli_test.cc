@@ -54,7 +54,7 @@ class CliTest : public ::testing::Test {
 TEST_F(CliTest, FormatsJson) {
   CliRun r = run("formats --json");
   ASSERT_EQ(r.rc, 0) << r.err;
-  auto j = nlohmann::json::parse(r.out);
+  auto j = nlohmann::json::parse(r.out)["formats"];
   ASSERT_EQ(j.size(), 4u);
   std::map<std::string, int> want = {{"bf16", 1152}, {"fp8_ds_mla", 656}, {"nvfp4_ds_mla", 432},
                                      {"nvfp4_ds_mla_fp8rope", 368}};

@@ -508,5 +508,31 @@ TEST_F(CliUser, DemoFiguresAreRightAndDiscriminate) {
   EXPECT_NE(r.err.find("--threads must be >= 0"), std::string::npos) << r.err;
 }
 
+// ---- formats -------------------------------------------------------------------------------
+
+TEST_F(CliUser, FormatsListTheIndexerRecordAndVllmNames) {
+  CliRun r = run("formats --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  Json j = json_of(r);
+  EXPECT_EQ(j["indexer_record"]["bytes_per_token_per_indexer_layer"], 132);
+  int tiled = 0;
+  for (const Json& reg : j["indexer_record"]["layout"]) {
+    EXPECT_EQ(reg["offset"], tiled);
+    tiled += reg["bytes"].get<int>();
+  }
+  EXPECT_EQ(tiled, 132);
+  std::map<std::string, std::string> want = {{"bf16", "auto"},
+                                             {"fp8_ds_mla", "fp8_ds_mla"},
+                                             {"nvfp4_ds_mla", "nvfp4_ds_mla"},
+                                             {"nvfp4_ds_mla_fp8rope", "nvfp4_ds_mla with KV_FP8_ROPE=1"}};
+  for (const Json& f : j["formats"]) {
+    const std::string v = f["vllm_kv_cache_dtype"].get<std::string>();
+    EXPECT_EQ(v.rfind(want.at(f["name"].get<std::string>()), 0), 0u) << v;
+  }
+  r = run("formats");
+  EXPECT_NE(r.out.find("vLLM: --kv-cache-dtype fp8_ds_mla"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("dsa_indexer_key  132 B per token per indexer layer"), std::string::npos) << r.out;
+}
+
 }  // namespace
 }  // namespace mlakv

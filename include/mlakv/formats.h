@@ -129,7 +129,20 @@ struct FormatInfo {
   bool has_outer_scale;          // the nvfp4 formats take a per-layer s_l
   std::string_view summary;
   std::span<const RecordRegion> regions;  // tiles [0, record_bytes) in order
+  // How vLLM (or the local-inference-lab fork) is told to use this record:
+  // `--kv-cache-dtype <this>` (docs/reference.md section 3).
+  std::string_view vllm_kv_cache_dtype;
 };
+
+// The DSA indexer key record (DeepSeek-V3.2, GLM-5): not a KvFormat, it sits beside the
+// MLA record on each indexer layer (`mlakv plan` counts it).
+struct IndexerRecordInfo {
+  std::string_view name;
+  int record_bytes;
+  std::string_view summary;
+  std::span<const RecordRegion> regions;
+};
+const IndexerRecordInfo& indexer_record_info();
 
 const FormatInfo& format_info(KvFormat f);
 std::span<const FormatInfo> all_formats();
