@@ -468,6 +468,7 @@ TEST_F(CliUser, LayerForwardTakesBf16BatchedInputAndRefusesLongPositions) {
   EXPECT_EQ(r.rc, 1);
   EXPECT_NE(r.err.find("positions[5] = 163840 is outside [0, 163840)"), std::string::npos) << r.err;
   EXPECT_FALSE(std::filesystem::exists(path("c.safetensors")));
+  EXPECT_EQ((*oa)->metadata().at("model"), "deepseek_v3") << "the checkpoint's name, not its path";
   r = run("layer-forward --help");
   EXPECT_NE(r.out.find("AFTER input_layernorm"), std::string::npos) << r.out;
 }
@@ -532,6 +533,41 @@ TEST_F(CliUser, FormatsListTheIndexerRecordAndVllmNames) {
   r = run("formats");
   EXPECT_NE(r.out.find("vLLM: --kv-cache-dtype fp8_ds_mla"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("dsa_indexer_key  132 B per token per indexer layer"), std::string::npos) << r.out;
+}
+
+// ---- absorb ---------------------------------------------------------------------------------
+
+TEST_F(CliUser, AbsorbTakesModelDetectsMissingMtpAndWritesNoAbsolutePath) {
+  // Two decoder layers shipped, one MTP layer declared but not shipped (as many checkpoints do).
+  std::filesystem::create_directories(dir_ / "ckpt");
+  const std::string ckpt = (dir_ / "ckpt").string();
+  const std::string cfg = R"({"model_type": "deepseek_v3", "hidden_size": 8, "num_hidden_layers": 2,
+      "num_attention_heads": 2, "kv_lora_rank": 4, "qk_nope_head_dim": 3, "qk_rope_head_dim": 2, "v_head_dim": 2,
+      "q_lora_rank": null, "num_nextn_predict_layers": 1, "rope_theta": 10000})";
+  spit(ckpt + "/config.json", cfg.data(), cfg.size());
+  std::vector<float> w(10 * 4);
+  for (std::size_t i = 0; i < w.size(); ++i) w[i] = 0.25f * static_cast<float>(static_cast<int>(i % 7) - 3);
+  ASSERT_TRUE(write_safetensors(ckpt + "/model.safetensors",
+                                {{"model.layers.0.self_attn.kv_b_proj.weight",
+                                  TensorView::contiguous(w.data(), DType::kF32, {10, 4})},
+                                 {"model.layers.1.self_attn.kv_b_proj.weight",
+                                  TensorView::contiguous(w.data(), DType::kF32, {10, 4})}})
+                  .ok());
+  CliRun r = run("absorb --model " + ckpt + " --json --out " + path("abs.safetensors"));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(json_of(r)["layers"], 2);
+  EXPECT_NE(r.err.find("declares 1 MTP layer(s) but the checkpoint ships no model.layers.2.self_attn.kv_b_proj"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("as --no-mtp"), std::string::npos) << r.err;
+  auto f = SafetensorsFile::open(path("abs.safetensors"));
+  ASSERT_TRUE(f.ok());
+  EXPECT_EQ((*f)->metadata().at("model"), "ckpt");
+  for (const auto& [k, v] : (*f)->metadata()) EXPECT_EQ(v.find(dir_.string()), std::string::npos) << k << " = " << v;
+  // The positional form still works, with a deprecation note.
+  r = run("absorb " + ckpt + " --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.err.find("deprecated"), std::string::npos) << r.err;
 }
 
 }  // namespace

@@ -167,7 +167,7 @@ Status run_layer_forward(const LayerForwardArgs& a) {
   }
 
   const std::map<std::string, std::string> meta = {{"generator", "mlakv layer-forward"},
-                                                   {"model", cfg.name},
+                                                   {"model", portable_name(cfg.name)},
                                                    {"layer", std::to_string(a.layer)},
                                                    {"format", std::string(format_name(*format))},
                                                    {"outer_scale", fmt::format("{}", lf.layers[0].outer_scale)}};
@@ -177,7 +177,7 @@ Status run_layer_forward(const LayerForwardArgs& a) {
     MLAKV_RETURN_IF_ERROR(write_safetensors(
         a.capture,
         {{capture_tensor_name(a.layer), TensorView::contiguous(captured.data(), DType::kF32, {T, kLatentDim})}},
-        {{"generator", "mlakv layer-forward --capture"}, {"model", cfg.name}}));
+        {{"generator", "mlakv layer-forward --capture"}, {"model", portable_name(cfg.name)}}));
   }
   if (a.json) {
     print_json({{"model", cfg.name},
