@@ -27,7 +27,7 @@ PlanParams defaults(const ModelPreset& p, KvFormat f) {
 
 TEST(Plan, PublishedGlm52BytesPerToken) {
   const auto p = preset("glm-5.2");
-  // REFERENCE section 5: 79 x 656 + 22 x 132 = 54,728 and 79 x 432 + 22 x 132 = 37,032.
+  // docs/reference.md section 5: 79 x 656 + 22 x 132 = 54,728 and 79 x 432 + 22 x 132 = 37,032.
   auto fp8 = plan_capacity(p.config, defaults(p, KvFormat::kFp8DsMla));
   ASSERT_TRUE(fp8.ok()) << fp8.status().to_string();
   EXPECT_EQ(fp8->bytes_per_token, 54728);
@@ -182,7 +182,7 @@ TEST(Plan, ArgumentErrors) {
 }
 
 TEST(Plan, SoftmaxScalesOfThePresets) {
-  // REFERENCE section 1: DeepSeek-V3 0.135234; Kimi K2 (factor 32) 0.130861; GLM-5 0.0625.
+  // docs/reference.md section 1: DeepSeek-V3 0.135234; Kimi K2 (factor 32) 0.130861; GLM-5 0.0625.
   EXPECT_NEAR(preset("deepseek-v3").config.softmax_scale(), 0.135234, 1e-6);
   EXPECT_NEAR(preset("kimi-k2").config.softmax_scale(), 0.130861, 1e-6);
   EXPECT_NEAR(preset("glm-5").config.softmax_scale(), 0.0625, 1e-12);

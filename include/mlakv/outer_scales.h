@@ -1,5 +1,5 @@
 // NVFP4 outer scales: the per-layer s_l that nvfp4_ds_mla records divide the latent by
-// before quantizing (REFERENCE.md sections 3 and 4; docs/calibration.md).
+// before quantizing (docs/reference.md sections 3 and 4; docs/calibration.md).
 //
 // The scale file, "nvfp4_ds_mla_outer_scale_v1" (the local-inference-lab vLLM fork's
 // format, PR #95/#145), is one JSON object:

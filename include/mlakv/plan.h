@@ -46,7 +46,7 @@ struct PlanResult {
   int64_t total_tokens = 0;          // replicas * tokens_per_replica
   // vLLM's startup line "Maximum concurrency for N tokens per request: X.XXx", N =
   // max_model_len (the pool when uncapped): blocks_per_gpu / ceil(ceil(N / dcp) / block_size),
-  // per replica (docs/reference.md section 9).
+  // per replica (docs/reference.md section 14).
   int64_t concurrency_tokens = 0;
   double max_concurrency = 0;
 };
