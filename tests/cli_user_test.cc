@@ -568,6 +568,21 @@ TEST_F(CliUser, AbsorbTakesModelDetectsMissingMtpAndWritesNoAbsolutePath) {
   r = run("absorb " + ckpt + " --json");
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_NE(r.err.find("deprecated"), std::string::npos) << r.err;
+  // An MTP layer that is shipped but cannot be absorbed: the error says how to skip it.
+  ASSERT_TRUE(write_safetensors(ckpt + "/model.safetensors",
+                                {{"model.layers.0.self_attn.kv_b_proj.weight",
+                                  TensorView::contiguous(w.data(), DType::kF32, {10, 4})},
+                                 {"model.layers.1.self_attn.kv_b_proj.weight",
+                                  TensorView::contiguous(w.data(), DType::kF32, {10, 4})},
+                                 {"model.layers.2.self_attn.kv_b_proj.weight",
+                                  TensorView::contiguous(w.data(), DType::kF32, {5, 4})}})
+                  .ok());
+  r = run("absorb --model " + ckpt);
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("--no-mtp skips them"), std::string::npos) << r.err;
+  r = run("absorb --model " + ckpt + " --no-mtp --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(json_of(r)["layers"], 2);
 }
 
 }  // namespace

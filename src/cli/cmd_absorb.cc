@@ -184,6 +184,14 @@ nlohmann::json run_json(const AbsorbMemoryRun& r) {
           {"kv_cache_max_bytes", r.kv_cache_max_bytes}};
 }
 
+// A failure while MTP layers are included says how to leave them out.
+Status with_mtp_hint(const Status& st, const Source& s, const AbsorbModelOptions& o) {
+  if (!o.include_mtp || s.config.num_mtp_layers == 0) return st;
+  return Status(st.code(), fmt::format("{} (the config declares {} MTP layer(s) from model.layers.{}; --no-mtp skips "
+                                       "them)",
+                                       st.message(), s.config.num_mtp_layers, s.config.num_layers));
+}
+
 Status run_report(const AbsorbArgs& a, const Source& s, const AbsorbModelOptions& base) {
   AbsorbMemoryOptions mem;
   const double gib = a.gpu_mem.value_or(s.default_gpu_gib);
@@ -203,7 +211,9 @@ Status run_report(const AbsorbArgs& a, const Source& s, const AbsorbModelOptions
   o.progress = [&](int, int) {
     if (pr) pr->update(++done);
   };
-  MLAKV_ASSIGN_OR_RETURN(AbsorbMemoryReport r, measure_absorb_memory(*s.tensors, s.config, o, mem));
+  StatusOr<AbsorbMemoryReport> measured = measure_absorb_memory(*s.tensors, s.config, o, mem);
+  if (!measured.ok()) return with_mtp_hint(measured.status(), s, o);
+  const AbsorbMemoryReport& r = *measured;
   if (pr) pr->finish();
 
   const KvBProjGeometry& g = r.rank_geometry;
@@ -319,7 +329,9 @@ Status run_absorb(AbsorbArgs a) {
   o.progress = [&](int done, int) {
     if (pr) pr->update(done);
   };
-  MLAKV_ASSIGN_OR_RETURN(std::vector<AbsorbedLayer> layers, absorb_model(*s.tensors, s.config, alloc, o));
+  StatusOr<std::vector<AbsorbedLayer>> absorbed = absorb_model(*s.tensors, s.config, alloc, o);
+  if (!absorbed.ok()) return with_mtp_hint(absorbed.status(), s, o);
+  std::vector<AbsorbedLayer> layers = std::move(*absorbed);
   if (pr) pr->finish();
   const AllocatorStats st = alloc.stats();
   if (!a.out.empty()) {
