@@ -11,8 +11,6 @@
 // nvfp4 latents are dequantized with each chunk of 2*NQ dims stored as [even | odd]
 // dims (NQ = dequant lanes): the nibble split then needs no lane shuffles. Q's latent
 // is permuted the same way and O is un-permuted at the end, so the sums are unchanged.
-#include <string_view>
-
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "cpu/attention_kernels.cc"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
@@ -26,7 +24,10 @@
 #include <cstring>
 #include <limits>
 
+#include <string_view>
+
 #include "format/record_codec.h"
+#include "mlakv/attention.h"
 #include "cpu/attention_kernels.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -151,6 +152,17 @@ HWY_INLINE void DequantRecord(const CacheLayerView& c, const uint8_t* rec, float
     case KvFormat::kF32:
       for (int i = 0; i < kQkDim; ++i) row[i] = codec::load_f32(rec + 4 * i);
       break;
+  }
+}
+
+// Records -> natural-order rows, through DequantRecord (dequantize_records_simd).
+void DequantRows(const CacheLayerView& c, const uint8_t* records, int64_t n, float* rows) {
+  float tile_row[kK];
+  for (int64_t r = 0; r < n; ++r) {
+    DequantRecord(c, records + r * c.record_bytes, tile_row);
+    float* dst = rows + r * kK;
+    for (int i = 0; i < kV; ++i) dst[i] = tile_row[tile_pos(c.format, i)];
+    for (int i = kV; i < kK; ++i) dst[i] = tile_row[i];
   }
 }
 
@@ -342,19 +354,27 @@ HWY_EXPORT(RunUnit);
 
 void run_attention_unit(const UnitArgs& a) { HWY_DYNAMIC_DISPATCH(RunUnit)(a); }
 
+HWY_EXPORT(DequantRows);
+
+void dequantize_records_simd(const CacheLayerView& cache, const uint8_t* records, int64_t n, float* rows) {
+  HWY_DYNAMIC_DISPATCH(DequantRows)(cache, records, n, rows);
+}
+
 const char* attention_simd_target() {
-  // The dispatcher's choice: the best (lowest-bit) target compiled in and supported here,
-  // under the ISA's common name (Highway calls the AVX-512 tiers AVX3*).
+  // The dispatcher's choice: the best (lowest-bit) target compiled in and supported here.
   const int64_t t = hwy::SupportedTargets() & HWY_TARGETS;
-  const std::string_view name = hwy::TargetName(t & -t);
-  if (name == "AVX3") return "AVX-512";
-  if (name == "AVX3_DL") return "AVX-512 (Ice Lake: VNNI, VBMI2)";
-  if (name == "AVX3_ZEN4") return "AVX-512 (Zen 4)";
-  if (name == "AVX3_SPR") return "AVX-512 (Sapphire Rapids: FP16)";
-  if (name == "EMU128") return "scalar (128-bit emulation)";
   return hwy::TargetName(t & -t);
 }
 
 }  // namespace cpu
+
+const char* cpu_attention_isa() {
+  // Highway's target names ("AVX3", "AVX3_ZEN4", "AVX3_SPR") are its own; users know
+  // these instruction sets as AVX-512.
+  const std::string_view t = cpu::attention_simd_target();
+  if (t.substr(0, 4) == "AVX3") return t == "AVX3" ? "AVX-512" : (t == "AVX3_ZEN4" ? "AVX-512 (Zen 4)" : "AVX-512 (SPR)");
+  return cpu::attention_simd_target();
+}
+
 }  // namespace mlakv
 #endif
