@@ -149,9 +149,6 @@ HWY_INLINE void DequantRecord(const CacheLayerView& c, const uint8_t* rec, float
       E4m3ToF32(rec + R::kRopeOffset, kRopeDim, codec::load_f32(rec + R::kRopeScaleOffset), row + kLatentDim);
       break;
     }
-    case KvFormat::kF32:
-      for (int i = 0; i < kQkDim; ++i) row[i] = codec::load_f32(rec + 4 * i);
-      break;
   }
 }
 
