@@ -40,7 +40,7 @@ const std::map<std::string, std::string> kPublicRoom = {
     {"dcp", "parallel"},         {"tokenizer", "tokenizer"},  {"hf_config", "model"},
     {"mla_layer", "model"},      {"plan", "model"},           {"cuda_layer", "model"},
     {"model", "model"},          {"outer_scales", "calib"},   {"eval_stats", "eval"},
-    {"synthetic", "eval"},       {"eval", "eval"},
+    {"synthetic", "eval"},       {"eval", "eval"},            {"reparam", "model"},
 };
 
 const std::vector<std::string> kFrontends = {"src/cli", "bench", "python"};

@@ -35,7 +35,7 @@ cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DMLAKV_CUDA=ON -DML
 cmake --build build-gpu --target cuda_harness bench_cuda mlakv_python -j 12 >"$OUT/build.log" 2>&1 \
   || { grep -E "error" -A5 "$OUT/build.log" | head -60; exit 1; }
 cmake --build build-gpu --target mlakv_torch_ops -j 12 >"$OUT/build_torch_ops.log" 2>&1 \
-  && echo "torch ops built" || { echo "torch ops build FAILED"; grep -E "error" -A4 "$OUT/build_torch_ops.log" | head -40; }
+  && { echo "torch ops built"; python3 -c "import torch, ctypes; ctypes.CDLL('build-gpu/python/mlakv/_torch_ops.so'); print('torch ops load: ok')" 2>&1 | tail -2; } || { echo "torch ops build FAILED"; grep -E "error" -A4 "$OUT/build_torch_ops.log" | head -40; }
 stamp "built"
 
 rc=0

@@ -17,9 +17,15 @@ from . import _core
 FORMATS = {f["name"]: i for i, f in enumerate(_core.formats())}
 
 _lib = os.path.join(os.path.dirname(__file__), "_torch_ops.so")
-available = os.path.exists(_lib)
+built = os.path.exists(_lib)
+load_error = None
+if built:
+    try:
+        torch.ops.load_library(_lib)
+    except OSError as e:  # keep the dynamic loader's reason (an undefined symbol, a torch too old)
+        load_error = f"{e}: {e.__cause__}"
+available = built and load_error is None
 if available:
-    torch.ops.load_library(_lib)
 
     @torch.library.register_fake("mlakv::write_cache")
     def _write_cache_fake(kv_cache, slot_mapping, latent, rope, format, outer_scale, fp8_exact):

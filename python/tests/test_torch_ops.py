@@ -6,8 +6,17 @@ import pytest
 torch = pytest.importorskip("torch")
 import mlakv  # noqa: E402
 
-ops = pytest.importorskip("mlakv.torch_ops")
-pytestmark = pytest.mark.skipif(not ops.available, reason="built without torch >= 2.10")
+import mlakv.torch_ops as ops  # noqa: E402
+
+
+def test_the_built_library_loads():
+    # Built but not loadable is a failure, not a skip.
+    if not ops.built:
+        pytest.skip("built without torch >= 2.10")
+    assert ops.load_error is None, ops.load_error
+
+
+needs_ops = pytest.mark.skipif(not ops.available, reason="torch.ops.mlakv not built or not loadable")
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() and mlakv.cuda_available() else [])
 
@@ -25,6 +34,7 @@ def _case(device, fmt, T=150, H=16, seed=0):
     return kv, slots, lat, rope, q, table, seqlens
 
 
+@needs_ops
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("fmt", ["bf16", "fp8_ds_mla", "nvfp4_ds_mla", "nvfp4_ds_mla_fp8rope"])
 def test_ops_match_the_binding(device, fmt):
@@ -44,6 +54,7 @@ def test_ops_match_the_binding(device, fmt):
     assert err < (1e-6 if device == "cpu" else 2 ** -6), err
 
 
+@needs_ops
 def test_bad_arguments_raise():
     kv, slots, lat, rope, q, table, seqlens = _case("cpu", "fp8_ds_mla")
     with pytest.raises(ValueError):
@@ -56,6 +67,7 @@ def test_bad_arguments_raise():
         ops.mla_decode(q, kv, table, seqlens, out, lse, format="fp8_ds_mla", softmax_scale=0.1)
 
 
+@needs_ops
 def test_traces_under_torch_compile():
     kv, slots, lat, rope, q, table, seqlens = _case("cpu", "bf16")
     ops.write_cache(kv, slots, lat, rope, format="bf16")
@@ -73,6 +85,7 @@ def test_traces_under_torch_compile():
     np.testing.assert_allclose(got.numpy(), 2 * ref_o, rtol=1e-5, atol=1e-6)
 
 
+@needs_ops
 @pytest.mark.skipif("cuda" not in DEVICES, reason="needs a GPU")
 def test_cuda_graph_replay_through_the_custom_ops():
     fmt = "nvfp4_ds_mla"

@@ -27,6 +27,7 @@ void add_layer_forward_command(Cli& cli);
 void add_calibrate_command(Cli& cli);
 void add_absorb_command(Cli& cli);
 void add_weights_commands(Cli& cli);
+void add_eval_command(Cli& cli);  // eval and generate
 
 // Prints JSON to stdout, 2-space indented.
 void print_json(const nlohmann::json& j);

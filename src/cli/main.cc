@@ -37,6 +37,7 @@ int main(int argc, char** argv) {
   add_layer_forward_command(cli);
   add_calibrate_command(cli);
   add_absorb_command(cli);
+  add_eval_command(cli);
   try {
     cli.app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

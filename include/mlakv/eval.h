@@ -1,0 +1,134 @@
+// What each KV record format costs a whole model, measured on real text (`mlakv eval`):
+// teacher-forced KLD against an unquantized float32 cache, top-1 agreement, perplexity,
+// and needle retrieval by greedy decoding through the cache (docs/eval.md, docs/needle.md).
+//
+// Decode-equivalent: each window is run as one prefill through the cache under test,
+// and the runner writes a chunk's records before attending, so every position attends
+// to the records of every earlier token and its own exactly as the cache stores them -
+// what a decode step of that token would see.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "mlakv/eval_stats.h"
+#include "mlakv/formats.h"
+#include "mlakv/model.h"
+#include "mlakv/outer_scales.h"
+#include "mlakv/status.h"
+#include "mlakv/tokenizer.h"
+
+namespace mlakv {
+
+// Progress of a long run: `what` names the stage, done of total units.
+using ProgressFn = std::function<void(std::string_view what, int64_t done, int64_t total)>;
+
+// The first `windows` consecutive, non-overlapping `context`-token slices of `tokens`
+// starting at token `skip`. kInvalidArgument when the input is too short (the message
+// gives the tokens needed and available) or context / windows < 1.
+StatusOr<std::vector<std::span<const int32_t>>> eval_windows(std::span<const int32_t> tokens, int64_t context,
+                                                             int64_t windows, int64_t skip = 0);
+
+// One cache configuration under test.
+struct EvalCacheSpec {
+  KvFormat format = KvFormat::kBf16;
+  // Per-layer outer scales (nvfp4 formats); empty: 1.0 everywhere (uncalibrated).
+  OuterScales scales;
+  // How the scales were obtained, for the report: "none", "auto" or the file name.
+  std::string scales_label = "none";
+};
+
+struct EvalOptions {
+  int64_t context = 2048;
+  int64_t windows = 32;
+  int block_size = kDefaultBlockSize;
+  ProgressFn progress;
+};
+
+struct EvalRow {
+  EvalCacheSpec spec;
+  KldStats kld;            // per position vs the reference; its ppl_q() is this cache's perplexity
+  double seconds = 0;      // forward time over all windows
+  int64_t tokens = 0;      // tokens run
+  int needle_found = 0;
+  int needle_total = 0;
+};
+
+struct EvalReport {
+  KldStats reference;  // the reference against itself: ppl_ref() is the model's perplexity
+  double reference_seconds = 0;
+  int64_t reference_tokens = 0;
+  int reference_needle_found = 0;
+  int reference_needle_total = 0;
+  std::vector<EvalRow> rows;  // one per spec, in order
+};
+
+// Teacher-forced evaluation of every spec over the windows of `tokens` (eval_windows).
+// Per window: the reference (ReferenceKvCache) logits, then each spec's (a PagedKvCache
+// in its format and scales), compared position by position: KL(P_ref || P_spec), top-1
+// agreement, and the NLL of the true next token (the window's last position has none).
+// Errors: those of eval_windows, of the caches and of Model::forward; nothing partial.
+StatusOr<EvalReport> evaluate(Model& model, std::span<const int32_t> tokens, std::span<const EvalCacheSpec> specs,
+                              const EvalOptions& opt);
+
+// ---- calibration from text ---------------------------------------------------------
+
+// Runs the model over the windows of `tokens` (eval_windows) with the float32 reference
+// cache and takes max |kv_c_normed| per layer, as the fork does: s_l = max_abs / 2688.
+StatusOr<OuterScales> calibrate_outer_scales(Model& model, std::span<const int32_t> tokens, int64_t context,
+                                             int64_t windows, int64_t skip = 0, const ProgressFn& progress = {});
+
+// ---- needle retrieval (docs/needle.md) -----------------------------------------------
+
+struct NeedleTrial {
+  int index = 0;
+  int64_t length = 0;          // context length L (prompt = L - kNeedleMaxNewTokens tokens)
+  double depth = 0;            // the target's depth
+  std::vector<int32_t> prompt;
+  std::string key, value;      // the target's
+};
+
+inline constexpr int kNeedleMaxNewTokens = 8;
+
+// The `n` trials of docs/needle.md over `eval_tokens` (no special tokens) for a model of
+// `max_position` positions. kInvalidArgument when the eval text is too short for a
+// trial (the message gives the tokens needed and available) or n < 1.
+StatusOr<std::vector<NeedleTrial>> make_needle_trials(const Tokenizer& tokenizer, std::span<const int32_t> eval_tokens,
+                                                      int64_t max_position, int n);
+
+// Greedy decode of one trial through a cache: nullptr spec = the float32 reference.
+// Returns whether the answer matches (docs/needle.md step 9) and the generated text.
+struct NeedleAnswer {
+  bool found = false;
+  std::string text;
+};
+StatusOr<NeedleAnswer> run_needle_trial(Model& model, const Tokenizer& tokenizer, const NeedleTrial& trial,
+                                        const EvalCacheSpec* spec, int block_size = kDefaultBlockSize);
+
+// ---- greedy generation ---------------------------------------------------------------
+
+struct GenerateResult {
+  std::vector<int32_t> tokens;  // generated (the prompt excluded)
+  double prefill_seconds = 0;
+  double decode_seconds = 0;
+};
+// Prefills `prompt` (>= 1 token) and decodes up to max_new_tokens greedily (argmax, ties
+// to the lowest id), stopping early at `stop_id` when given. spec nullptr: reference cache.
+StatusOr<GenerateResult> generate_greedy(Model& model, std::span<const int32_t> prompt, int max_new_tokens,
+                                         const EvalCacheSpec* spec, std::optional<int32_t> stop_id = {},
+                                         int block_size = kDefaultBlockSize);
+
+// ---- plots -----------------------------------------------------------------------------
+
+// An SVG with two panels: mean KLD per row (bars, log scale) and KLD by position bucket
+// (one line per row). Deterministic text.
+std::string eval_plot_svg(const EvalReport& report, std::string_view title);
+// An SVG bar chart of per-layer outer scales / max |kv_c_normed| (log scale).
+std::string scale_profile_svg(const OuterScales& scales, std::string_view title);
+
+}  // namespace mlakv

@@ -1,0 +1,371 @@
+// `mlakv eval`: what each KV format costs a whole model on real text (teacher-forced KLD
+// against a float32 cache, top-1, perplexity, needle retrieval), and `mlakv generate`.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <sstream>
+
+#include "cli/cli.h"
+#include "cli/progress.h"
+#include "core/file_io.h"
+#include "mlakv/eval.h"
+#include "mlakv/model.h"
+#include "mlakv/outer_scales.h"
+#include "mlakv/reparam.h"
+#include "mlakv/tokenizer.h"
+
+namespace mlakv::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr uint64_t kMaxTextBytes = uint64_t{1} << 30;
+
+StatusOr<Tokenizer> tokenizer_for(const std::string& dir, const Model& model) {
+  if (fs::exists(fs::path(dir) / "tokenizer.json")) return Tokenizer::load(dir);
+  if (model.vocab_size() == 256) return Tokenizer::byte_level();
+  return not_found(fmt::format("{}: no tokenizer.json, and the vocabulary ({} ids) is not byte-level; "
+                               "give pre-tokenized input with --tokens FILE",
+                               dir, model.vocab_size()));
+}
+
+StatusOr<std::vector<int32_t>> input_tokens(const std::string& text_path, const std::string& tokens_path,
+                                            const Tokenizer* tok, int32_t vocab) {
+  if (!tokens_path.empty()) return read_token_file(tokens_path, vocab);
+  MLAKV_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, io::read_file(text_path));
+  if (bytes.size() > kMaxTextBytes) return invalid_argument(fmt::format("{}: larger than 1 GiB", text_path));
+  if (bytes.empty()) return invalid_argument(fmt::format("{}: the text is empty", text_path));
+  if (!tok) return invalid_argument("--text needs a tokenizer (the model directory has none): use --tokens");
+  MLAKV_ASSIGN_OR_RETURN(std::vector<int32_t> ids,
+                         tok->encode(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), false));
+  return ids;
+}
+
+StatusOr<int64_t> max_position(const std::string& dir) {
+  MLAKV_ASSIGN_OR_RETURN(std::vector<uint8_t> cfg, io::read_file((fs::path(dir) / "config.json").string()));
+  const auto j = nlohmann::json::parse(cfg.begin(), cfg.end(), nullptr, false);
+  if (j.is_object() && j.contains("max_position_embeddings") && j["max_position_embeddings"].is_number_integer()) {
+    return j["max_position_embeddings"].get<int64_t>();
+  }
+  return int64_t{0};
+}
+
+struct EvalArgs {
+  std::string model, text, tokens, formats = "bf16,fp8_ds_mla,nvfp4_ds_mla,nvfp4_ds_mla_fp8rope", scales, plot;
+  int64_t context = 2048, windows = 32, calib_windows = 4;
+  int needle = 0, threads = 0, block_size = kDefaultBlockSize;
+  bool json = false;
+};
+
+std::string fmt_kld(double v) { return v == 0 ? "0" : fmt::format("{:.3e}", v); }
+
+Status run_eval(const EvalArgs& a) {
+  if (a.text.empty() == a.tokens.empty()) return invalid_argument("give exactly one of --text FILE and --tokens FILE");
+  if (a.threads < 0) return invalid_argument(fmt::format("--threads must be >= 0 (0 = all cores), got {}", a.threads));
+  std::vector<KvFormat> formats;
+  {
+    std::stringstream ss(a.formats);
+    std::string f;
+    while (std::getline(ss, f, ',')) {
+      if (f.empty()) continue;
+      const auto k = parse_format(f);
+      if (!k) return invalid_argument(fmt::format("--formats: unknown format '{}'", f));
+      if (std::find(formats.begin(), formats.end(), *k) == formats.end()) formats.push_back(*k);
+    }
+    if (formats.empty()) return invalid_argument("--formats: no format given");
+  }
+  const bool progress = true;
+  std::unique_ptr<Model> model;
+  {
+    Progress pr(fmt::format("loading {}", a.model), 1, progress);
+    MLAKV_ASSIGN_OR_RETURN(model, Model::load(a.model, ModelLoadOptions{.threads = a.threads}));
+  }
+  std::optional<Tokenizer> tok;
+  if (auto t = tokenizer_for(a.model, *model); t.ok()) tok = std::move(t).value();
+  else if (!a.text.empty() || a.needle > 0) return t.status();
+  MLAKV_ASSIGN_OR_RETURN(std::vector<int32_t> ids, input_tokens(a.text, a.tokens, tok ? &*tok : nullptr,
+                                                                model->vocab_size()));
+  MLAKV_ASSIGN_OR_RETURN(int64_t max_pos, max_position(a.model));
+  if (max_pos > 0 && a.context > max_pos) {
+    return invalid_argument(fmt::format("--context {} exceeds the model's max_position_embeddings ({})", a.context,
+                                        max_pos));
+  }
+  // Check the windows first: too little input is an error before any work.
+  MLAKV_RETURN_IF_ERROR(eval_windows(ids, a.context, a.windows).status());
+
+  // Scales: none, a file, or calibrated on the text after the eval windows.
+  OuterScales scales;
+  std::string scales_label;
+  if (a.scales == "auto") {
+    const int64_t skip = a.context * a.windows;
+    auto s = calibrate_outer_scales(*model, ids, a.context, a.calib_windows, skip,
+                                    [&, pr = std::make_shared<Progress>("calibrating on text after the eval windows",
+                                                                        a.calib_windows, progress)](
+                                        std::string_view, int64_t d, int64_t) { pr->update(d); });
+    if (!s.ok()) return s.status().with_context("--scales auto (calibration windows follow the eval windows)");
+    scales = std::move(s).value();
+    scales_label = "auto";
+  } else if (!a.scales.empty()) {
+    MLAKV_ASSIGN_OR_RETURN(scales, load_outer_scales(a.scales));
+    scales_label = fs::path(a.scales).filename().string();
+    if (scales.num_layers() < model->num_layers()) {
+      return invalid_argument(fmt::format("--scales {}: {} layers, the model has {}", a.scales, scales.num_layers(),
+                                          model->num_layers()));
+    }
+  }
+  std::vector<EvalCacheSpec> specs;
+  for (KvFormat f : formats) {
+    specs.push_back({f, {}, "none"});
+    if (!scales_label.empty() && format_info(f).has_outer_scale) specs.push_back({f, scales, scales_label});
+  }
+  EvalReport rep;
+  {
+    Progress pr(fmt::format("teacher-forced eval: {} windows x {} tokens, reference + {} caches", a.windows,
+                            a.context, specs.size()),
+                a.windows * static_cast<int64_t>(1 + specs.size()), progress);
+    MLAKV_ASSIGN_OR_RETURN(rep, evaluate(*model, ids, specs,
+                                         EvalOptions{.context = a.context, .windows = a.windows,
+                                                     .block_size = a.block_size,
+                                                     .progress = [&](std::string_view, int64_t d, int64_t) {
+                                                       pr.update(d);
+                                                     }}));
+  }
+  if (a.needle > 0) {
+    if (max_pos <= 0) return invalid_argument("--needle needs max_position_embeddings in the model's config.json");
+    MLAKV_ASSIGN_OR_RETURN(std::vector<NeedleTrial> trials, make_needle_trials(*tok, ids, max_pos, a.needle));
+    Progress pr(fmt::format("needles: {} trials x {} caches (greedy decode)", a.needle, specs.size() + 1),
+                static_cast<int64_t>(trials.size() * (specs.size() + 1)), progress);
+    int64_t done = 0;
+    for (const NeedleTrial& t : trials) {
+      MLAKV_ASSIGN_OR_RETURN(NeedleAnswer r, run_needle_trial(*model, *tok, t, nullptr, a.block_size));
+      rep.reference_needle_found += r.found;
+      ++rep.reference_needle_total;
+      pr.update(++done);
+      for (std::size_t i = 0; i < specs.size(); ++i) {
+        MLAKV_ASSIGN_OR_RETURN(NeedleAnswer q, run_needle_trial(*model, *tok, t, &specs[i], a.block_size));
+        rep.rows[i].needle_found += q.found;
+        ++rep.rows[i].needle_total;
+        pr.update(++done);
+      }
+    }
+  }
+  if (!a.plot.empty()) {
+    const std::string svg = eval_plot_svg(
+        rep, fmt::format("mlakv eval: {} ({} windows x {} tokens)", fs::path(a.model).filename().string(), a.windows,
+                         a.context));
+    MLAKV_RETURN_IF_ERROR(io::write_file(a.plot, svg));
+  }
+  const double ref_tps = rep.reference_seconds > 0 ? rep.reference_tokens / rep.reference_seconds : 0;
+  if (a.json) {
+    nlohmann::json j;
+    j["model"] = a.model;
+    j["context"] = a.context;
+    j["windows"] = a.windows;
+    j["positions"] = rep.reference.count();
+    j["reference"] = {{"ppl", rep.reference.ppl_ref()},
+                      {"bits_per_token", rep.reference.bits_per_token_q()},
+                      {"tokens_per_s", ref_tps},
+                      {"needle_found", rep.reference_needle_found},
+                      {"needle_total", rep.reference_needle_total}};
+    nlohmann::json rows = nlohmann::json::array();
+    for (const EvalRow& r : rep.rows) {
+      nlohmann::json b = nlohmann::json::array();
+      for (double v : r.kld.kld_by_bucket()) b.push_back(std::isfinite(v) ? nlohmann::json(v) : nlohmann::json());
+      rows.push_back({{"format", format_name(r.spec.format)},
+                      {"record_bytes", record_bytes(r.spec.format)},
+                      {"scales", r.spec.scales_label},
+                      {"kld_mean", r.kld.kld_mean()},
+                      {"kld_p99", r.kld.kld_p99()},
+                      {"kld_max", r.kld.kld_max()},
+                      {"kld_by_position_bucket", b},
+                      {"top1_agree", r.kld.top1_agree()},
+                      {"ppl", r.kld.ppl_q()},
+                      {"bits_per_token", r.kld.bits_per_token_q()},
+                      {"tokens_per_s", r.seconds > 0 ? r.tokens / r.seconds : 0},
+                      {"needle_found", r.needle_found},
+                      {"needle_total", r.needle_total}});
+    }
+    j["formats"] = rows;
+    print_json(j);
+    return Status::Ok();
+  }
+  fmt::print("mlakv eval: {} ({}, {} layers), {} windows x {} tokens ({} positions scored)\n", a.model,
+             model->config().model_type, model->num_layers(), a.windows, a.context, rep.reference.count() - a.windows);
+  for (const std::string& n : model->notes()) fmt::print("note: {}\n", n);
+  fmt::print("reference (float32 cache): ppl {:.4f} ({:.4f} bits/token), {:.0f} tokens/s{}\n\n",
+             rep.reference.ppl_ref(), std::log2(rep.reference.ppl_ref()), ref_tps,
+             rep.reference_needle_total ? fmt::format(", needle {}/{}", rep.reference_needle_found,
+                                                      rep.reference_needle_total)
+                                        : "");
+  fmt::print("{:<22} {:>7} {:>8} {:>10} {:>10} {:>7} {:>8} {:>8} {:>9}\n", "format", "B/token", "scales", "KLD mean",
+             "KLD p99", "top-1", "ppl", "needle", "tokens/s");
+  for (const EvalRow& r : rep.rows) {
+    fmt::print("{:<22} {:>7} {:>8} {:>10} {:>10} {:>6.2f}% {:>8.4f} {:>8} {:>9.0f}\n", format_name(r.spec.format),
+               record_bytes(r.spec.format), r.spec.scales_label, fmt_kld(r.kld.kld_mean()), fmt_kld(r.kld.kld_p99()),
+               100 * r.kld.top1_agree(), r.kld.ppl_q(),
+               r.needle_total ? fmt::format("{}/{}", r.needle_found, r.needle_total) : "-",
+               r.seconds > 0 ? r.tokens / r.seconds : 0);
+  }
+  if (model->dense_beyond_topk()) {
+    fmt::print("note: context exceeded the DSA indexer's top-k; attention ran dense (the indexer is not run)\n");
+  }
+  return Status::Ok();
+}
+
+struct GenArgs {
+  std::string model, prompt, format = "bf16";
+  int max_tokens = 64, threads = 0;
+  bool json = false;
+};
+
+Status run_generate(const GenArgs& a) {
+  if (a.max_tokens < 1 || a.max_tokens > 1 << 20) {
+    return invalid_argument(fmt::format("--max-tokens must be in [1, 1048576], got {}", a.max_tokens));
+  }
+  if (a.threads < 0) return invalid_argument(fmt::format("--threads must be >= 0 (0 = all cores), got {}", a.threads));
+  EvalCacheSpec spec;
+  const bool reference = a.format == "f32" || a.format == "reference";
+  if (!reference) {
+    const auto f = parse_format(a.format);
+    if (!f) return invalid_argument(fmt::format("--format: unknown format '{}'", a.format));
+    spec.format = *f;
+  }
+  MLAKV_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::load(a.model, ModelLoadOptions{.threads = a.threads}));
+  MLAKV_ASSIGN_OR_RETURN(Tokenizer tok, tokenizer_for(a.model, *model));
+  MLAKV_ASSIGN_OR_RETURN(std::vector<int32_t> prompt, tok.encode(a.prompt, true));
+  if (prompt.empty()) return invalid_argument("--prompt: the prompt encodes to no tokens");
+  MLAKV_ASSIGN_OR_RETURN(int64_t max_pos, max_position(a.model));
+  if (max_pos > 0 && static_cast<int64_t>(prompt.size()) + a.max_tokens > max_pos) {
+    return invalid_argument(fmt::format("prompt ({} tokens) + --max-tokens {} exceed max_position_embeddings ({})",
+                                        prompt.size(), a.max_tokens, max_pos));
+  }
+  MLAKV_ASSIGN_OR_RETURN(GenerateResult g,
+                         generate_greedy(*model, prompt, a.max_tokens, reference ? nullptr : &spec, tok.eos_id()));
+  MLAKV_ASSIGN_OR_RETURN(std::string text, tok.decode(g.tokens, true));
+  const double prefill_tps = g.prefill_seconds > 0 ? prompt.size() / g.prefill_seconds : 0;
+  const double decode_tps = g.decode_seconds > 0 ? g.tokens.size() / g.decode_seconds : 0;
+  if (a.json) {
+    const nlohmann::json j = {{"format", reference ? "f32" : std::string(format_name(spec.format))},
+                              {"prompt_tokens", prompt.size()},
+                              {"generated_tokens", g.tokens.size()},
+                              {"tokens", g.tokens},
+                              {"text", text},
+                              {"prefill_tokens_per_s", prefill_tps},
+                              {"decode_tokens_per_s", decode_tps}};
+    // Generated bytes may cut a UTF-8 character: replace what is not valid UTF-8.
+    fmt::print("{}\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
+    return Status::Ok();
+  }
+  fmt::print("{}{}\n", a.prompt, text);
+  fmt::print(stderr, "[{} cache: prompt {} tokens at {:.0f} tokens/s, {} generated at {:.1f} tokens/s]\n",
+             reference ? "f32" : format_name(spec.format), prompt.size(), prefill_tps, g.tokens.size(), decode_tps);
+  return Status::Ok();
+}
+
+struct ReparamArgs {
+  std::string model, out, text, tokens;
+  double lo = 0.02, hi = 5.0;
+  int64_t context = 2048, windows = 2;
+  int threads = 0;
+  bool json = false;
+};
+
+Status run_reparam(const ReparamArgs& a) {
+  if (a.text.empty() == a.tokens.empty()) return invalid_argument("give exactly one of --text FILE and --tokens FILE");
+  if (!(a.lo > 0) || !(a.hi > a.lo) || !std::isfinite(a.hi)) {
+    return invalid_argument(fmt::format("--min/--max: need 0 < min < max, got {} and {}", a.lo, a.hi));
+  }
+  MLAKV_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::load(a.model, ModelLoadOptions{.threads = a.threads}));
+  std::optional<Tokenizer> tok;
+  if (auto t = tokenizer_for(a.model, *model); t.ok()) tok = std::move(t).value();
+  MLAKV_ASSIGN_OR_RETURN(std::vector<int32_t> ids,
+                         input_tokens(a.text, a.tokens, tok ? &*tok : nullptr, model->vocab_size()));
+  MLAKV_ASSIGN_OR_RETURN(OuterScales natural, calibrate_outer_scales(*model, ids, a.context, a.windows));
+  const int n = model->num_layers();
+  std::vector<double> factors(static_cast<std::size_t>(n)), target(static_cast<std::size_t>(n));
+  for (int l = 0; l < n; ++l) {
+    // Log-spaced targets from --min to --max; a power-of-two factor keeps the rewrite exact.
+    const double t = n == 1 ? a.hi : a.lo * std::pow(a.hi / a.lo, static_cast<double>(l) / (n - 1));
+    const double m = natural.max_abs[static_cast<std::size_t>(l)];
+    target[static_cast<std::size_t>(l)] = t;
+    factors[static_cast<std::size_t>(l)] = std::exp2(std::round(std::log2(t / m)));
+  }
+  MLAKV_RETURN_IF_ERROR(reparametrize_latent_scale(a.model, a.out, factors));
+  if (a.json) {
+    nlohmann::json rows = nlohmann::json::array();
+    for (int l = 0; l < n; ++l) {
+      const double m = natural.max_abs[static_cast<std::size_t>(l)];
+      rows.push_back({{"layer", l}, {"max_abs", m}, {"factor", factors[static_cast<std::size_t>(l)]},
+                      {"max_abs_after", m * factors[static_cast<std::size_t>(l)]}});
+    }
+    print_json({{"out", a.out}, {"layers", rows}});
+    return Status::Ok();
+  }
+  fmt::print("{} -> {}: kv_a_layernorm.weight *= a_l, kv_b_proj.weight /= a_l (function-preserving)\n", a.model, a.out);
+  fmt::print("{:>5} {:>14} {:>10} {:>14}\n", "layer", "max|latent|", "a_l", "max after");
+  for (int l = 0; l < n; ++l) {
+    const double m = natural.max_abs[static_cast<std::size_t>(l)];
+    fmt::print("{:>5} {:>14.4g} {:>10.4g} {:>14.4g}\n", l, m, factors[static_cast<std::size_t>(l)],
+               m * factors[static_cast<std::size_t>(l)]);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+void add_eval_command(Cli& cli) {
+  auto a = std::make_shared<EvalArgs>();
+  auto* cmd = cli.app.add_subcommand(
+      "eval", "What each KV format costs a model on real text: teacher-forced KLD vs a float32 cache, top-1, "
+              "perplexity, needle retrieval (docs/eval.md)");
+  cmd->add_option("--model", a->model, "Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer.json)")
+      ->required();
+  cmd->add_option("--text", a->text, "UTF-8 text, tokenized with the model's tokenizer (no special tokens)");
+  cmd->add_option("--tokens", a->tokens, "pre-tokenized input: little-endian int32 ids");
+  cmd->add_option("--context", a->context, "tokens per window")->capture_default_str();
+  cmd->add_option("--windows", a->windows, "windows: the first N consecutive, non-overlapping slices of the input")
+      ->capture_default_str();
+  cmd->add_option("--formats", a->formats, "comma-separated record formats")->capture_default_str();
+  cmd->add_option("--scales", a->scales,
+                  "outer scales for the nvfp4 formats: a nvfp4_ds_mla_outer_scale_v1 file, or 'auto' to calibrate on "
+                  "the input after the eval windows (both uncalibrated and calibrated rows are reported)");
+  cmd->add_option("--calib-windows", a->calib_windows, "windows calibrated on with --scales auto")->capture_default_str();
+  cmd->add_option("--needle", a->needle, "needle trials (docs/needle.md), greedy-decoded through every cache")
+      ->capture_default_str();
+  cmd->add_option("--threads", a->threads, "CPU threads (0 = all cores)")->capture_default_str();
+  cmd->add_option("--block-size", a->block_size, "cache block size")->capture_default_str();
+  cmd->add_option("--plot", a->plot, "write an SVG: KLD per format and by position");
+  cmd->add_flag("--json", a->json, "one JSON object on stdout");
+  cmd->callback([&cli, a] { cli.action = [a] { return run_eval(*a); }; });
+
+  auto g = std::make_shared<GenArgs>();
+  auto* gen = cli.app.add_subcommand("generate", "Greedy decoding through the paged cache in a record format");
+  gen->add_option("--model", g->model, "Hugging Face checkpoint directory")->required();
+  gen->add_option("--prompt", g->prompt, "prompt text")->required();
+  gen->add_option("--format", g->format, "cache record format, or f32 for the unquantized reference cache")
+      ->capture_default_str();
+  gen->add_option("--max-tokens", g->max_tokens, "tokens to generate at most (stops at EOS)")->capture_default_str();
+  gen->add_option("--threads", g->threads, "CPU threads (0 = all cores)")->capture_default_str();
+  gen->add_flag("--json", g->json, "one JSON object on stdout");
+  gen->callback([&cli, g] { cli.action = [g] { return run_generate(*g); }; });
+
+  auto r = std::make_shared<ReparamArgs>();
+  auto* rp = cli.app.add_subcommand(
+      "reparam", "Write a function-preserving copy of a checkpoint whose cached latents span --min..--max per layer "
+                 "(kv_a_layernorm x a_l, kv_b_proj / a_l; power-of-two a_l, so the rewrite is exact)");
+  rp->add_option("--model", r->model, "source checkpoint directory")->required();
+  rp->add_option("--out", r->out, "new checkpoint directory (must not exist)")->required();
+  rp->add_option("--text", r->text, "text to measure the natural latent magnitudes on");
+  rp->add_option("--tokens", r->tokens, "pre-tokenized input (little-endian int32 ids)");
+  rp->add_option("--min", r->lo, "target max |kv_c_normed| of the first layer")->capture_default_str();
+  rp->add_option("--max", r->hi, "target max |kv_c_normed| of the last layer")->capture_default_str();
+  rp->add_option("--context", r->context, "tokens per measuring window")->capture_default_str();
+  rp->add_option("--windows", r->windows, "measuring windows")->capture_default_str();
+  rp->add_option("--threads", r->threads, "CPU threads (0 = all cores)")->capture_default_str();
+  rp->add_flag("--json", r->json, "one JSON object on stdout");
+  rp->callback([&cli, r] { cli.action = [r] { return run_reparam(*r); }; });
+}
+
+}  // namespace mlakv::cli

@@ -1,0 +1,299 @@
+// SIMD record encoders (src/model/record_writer.h), compiled for every x86 target
+// Highway supports and dispatched at run time.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "model/record_writer_kernels.cc"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+
+#include <hwy/highway.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "format/record_codec.h"
+#include "model/record_writer.h"
+#include "mlakv/thread_pool.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace mlakv {
+namespace model {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// The scale-mode parameter type of codec::fp8_tile_scale (codec::Fp8Scales today; the
+// one Fp8ScaleMode of mlakv/codec.h once the modes are unified; kPow2 = 0, kExact = 1 in
+// both), so this file compiles on either side of that change.
+template <class F>
+struct SecondParam;
+template <class R, class A, class B>
+struct SecondParam<R (*)(A, B)> {
+  using type = B;
+};
+using TileScaleMode = typename SecondParam<decltype(&codec::fp8_tile_scale)>::type;
+
+using DF = hn::CappedTag<float, 16>;  // 16 lanes at most: one nvfp4 group per vector on AVX-512
+using DU = hn::RebindToUnsigned<DF>;
+using DI = hn::RebindToSigned<DF>;
+
+HWY_INLINE hn::Vec<DU> E4m3Codes(DF df, hn::Vec<DF> y) {
+  const DU du;
+  const DI di;
+  const auto u = hn::BitCast(du, y);
+  const auto sign = hn::And(hn::ShiftRight<24>(u), hn::Set(du, 0x80u));
+  const auto abs = hn::And(u, hn::Set(du, 0x7FFFFFFFu));
+  const auto absf = hn::BitCast(df, abs);
+  const auto rs = hn::Sub(hn::Add(absf, hn::Set(df, 16384.0f)), hn::Set(df, 16384.0f));
+  const auto code_sub = hn::BitCast(du, hn::ConvertTo(di, hn::Mul(rs, hn::Set(df, 512.0f))));
+  const auto rb = hn::Add(hn::Add(abs, hn::Set(du, 0x7FFFFu)), hn::And(hn::ShiftRight<20>(abs), hn::Set(du, 1u)));
+  const auto code_n = hn::Sub(hn::ShiftRight<20>(rb), hn::Set(du, 120u << 3));
+  const auto is_sub = hn::Lt(hn::BitCast(di, abs), hn::Set(di, 0x3C800000));  // |y| < 2^-6
+  auto code = hn::Min(hn::IfThenElse(hn::RebindMask(du, is_sub), code_sub, code_n), hn::Set(du, 0x7Eu));
+  code = hn::Or(code, sign);
+  const auto nan = hn::Gt(hn::BitCast(di, abs), hn::Set(di, 0x7F800000));
+  return hn::IfThenElse(hn::RebindMask(du, nan), hn::Set(du, 0x7Fu), code);
+}
+
+HWY_INLINE hn::Vec<DU> E2m1Codes(DF df, hn::Vec<DF> y) {
+  const DU du;
+  const DI di;
+  const auto u = hn::BitCast(du, y);
+  const auto sign = hn::And(hn::ShiftRight<28>(u), hn::Set(du, 0x8u));
+  const auto abs = hn::And(u, hn::Set(du, 0x7FFFFFFFu));
+  const auto absf = hn::BitCast(df, abs);
+  const auto rs = hn::Sub(hn::Add(absf, hn::Set(df, 4194304.0f)), hn::Set(df, 4194304.0f));
+  const auto code_sub = hn::BitCast(du, hn::ConvertTo(di, hn::Add(rs, rs)));
+  const auto rb = hn::Add(hn::Add(abs, hn::Set(du, 0x1FFFFFu)), hn::And(hn::ShiftRight<22>(abs), hn::Set(du, 1u)));
+  const auto code_n = hn::Sub(hn::ShiftRight<22>(rb), hn::Set(du, 126u << 1));
+  const auto is_sub = hn::Lt(hn::BitCast(di, abs), hn::Set(di, 0x3F800000));  // |y| < 1
+  auto code = hn::Min(hn::IfThenElse(hn::RebindMask(du, is_sub), code_sub, code_n), hn::Set(du, 0x7u));
+  code = hn::Or(code, sign);
+  const auto nan = hn::Gt(hn::BitCast(di, abs), hn::Set(di, 0x7F800000));
+  return hn::IfThenElse(hn::RebindMask(du, nan), hn::Set(du, 0x7u), code);
+}
+
+HWY_INLINE hn::Vec<DU> Bf16Codes(DF df, hn::Vec<DF> x) {
+  const DU du;
+  const DI di;
+  (void)df;
+  const auto u = hn::BitCast(du, x);
+  const auto lsb = hn::And(hn::ShiftRight<16>(u), hn::Set(du, 1u));
+  const auto r = hn::ShiftRight<16>(hn::Add(hn::Add(u, hn::Set(du, 0x7FFFu)), lsb));
+  const auto nan = hn::Gt(hn::BitCast(di, hn::And(u, hn::Set(du, 0x7FFFFFFFu))), hn::Set(di, 0x7F800000));
+  return hn::IfThenElse(hn::RebindMask(du, nan), hn::Set(du, 0x7FFFu), r);
+}
+
+// Stores the low byte of each lane.
+HWY_INLINE void StoreBytes(hn::Vec<DU> codes, uint8_t* dst) {
+  const DI di;
+  const hn::Rebind<uint8_t, DI> d8;
+  hn::StoreU(hn::DemoteTo(d8, hn::BitCast(di, codes)), d8, dst);
+}
+
+// bf16 little-endian codes of x[0, n).
+void StoreBf16(const float* x, int n, uint8_t* dst) {
+  const DF df;
+  const DI di;
+  const hn::Rebind<uint16_t, DI> d16;
+  const int N = static_cast<int>(hn::Lanes(df));
+  int i = 0;
+  for (; i + N <= n; i += N) {
+    const auto c = hn::DemoteTo(d16, hn::BitCast(di, Bf16Codes(df, hn::LoadU(df, x + i))));
+    hn::StoreU(c, d16, reinterpret_cast<uint16_t*>(dst + 2 * i));
+  }
+  for (; i < n; ++i) codec::store_u16(dst + 2 * i, f32_to_bf16(x[i]));
+}
+
+float AbsMax(const float* x, int n) {
+  const DF df;
+  const int N = static_cast<int>(hn::Lanes(df));
+  auto m = hn::Zero(df);
+  int i = 0;
+  for (; i + N <= n; i += N) m = hn::Max(m, hn::Abs(hn::LoadU(df, x + i)));
+  float r = hn::GetLane(hn::MaxOfLanes(df, m));
+  for (; i < n; ++i) r = codec::fmax_f(r, codec::fabs_f(x[i]));
+  return r;
+}
+
+// e4m3 codes of x[0, n) / s (n a multiple of the lane count: 128 or 64 here).
+void StoreE4m3Div(const float* x, int n, float s, uint8_t* dst) {
+  const DF df;
+  const int N = static_cast<int>(hn::Lanes(df));
+  const auto vs = hn::Set(df, s);
+  for (int i = 0; i < n; i += N) StoreBytes(E4m3Codes(df, hn::Div(hn::LoadU(df, x + i), vs)), dst + i);
+}
+
+// e4m3 code -> float for the 128 non-negative codes (the group scales are >= 0).
+struct E4m3Table {
+  float v[128];
+  E4m3Table() {
+    for (int c = 0; c < 128; ++c) v[c] = e4m3_to_f32(static_cast<uint8_t>(c));
+  }
+};
+
+void Nvfp4Latent(const float* latent, float outer_scale, uint8_t* rec) {
+  namespace NV = layout::nvfp4_ds_mla;
+  static const E4m3Table table;
+  const DF df;
+  const DU du;
+  const int N = static_cast<int>(hn::Lanes(df));
+  const auto vo = hn::Set(df, outer_scale);
+  float y[kLatentDim];
+  float amax[NV::kNumGroups];
+  // y = latent / s_l and each group's max |y|.
+  for (int g = 0; g < NV::kNumGroups; ++g) {
+    auto m = hn::Zero(df);
+    for (int i = 0; i < NV::kGroupDim; i += N) {
+      const auto v = hn::Div(hn::LoadU(df, latent + g * NV::kGroupDim + i), vo);
+      hn::StoreU(v, df, y + g * NV::kGroupDim + i);
+      m = hn::Max(m, hn::Abs(v));
+    }
+    amax[g] = hn::GetLane(hn::MaxOfLanes(df, m));
+  }
+  // Scale codes e4m3_satfinite(amax / 6) for all groups at once (amax >= 0 and finite:
+  // the codes are < 0x7F), written to the record's scale bytes.
+  uint8_t* scales = rec + NV::kScaleOffset;
+  for (int g = 0; g < NV::kNumGroups; g += N) {
+    StoreBytes(E4m3Codes(df, hn::Div(hn::LoadU(df, amax + g), hn::Set(df, kE2m1Max))), scales + g);
+  }
+  uint8_t codes[NV::kGroupDim + 16];
+  for (int g = 0; g < NV::kNumGroups; ++g) {
+    const float sf = table.v[scales[g] & 0x7F];
+    uint8_t* dst = rec + NV::kLatentOffset + g * (NV::kGroupDim / 2);
+    if (sf == 0.0f) {
+      std::memset(dst, 0, NV::kGroupDim / 2);
+      continue;
+    }
+    const auto vsf = hn::Set(df, sf);
+    for (int i = 0; i < NV::kGroupDim; i += N) {
+      StoreBytes(E2m1Codes(df, hn::Div(hn::LoadU(df, y + g * NV::kGroupDim + i), vsf)), codes + i);
+    }
+    for (int i = 0; i < NV::kGroupDim; i += 2) dst[i / 2] = static_cast<uint8_t>(codes[i] | (codes[i + 1] << 4));
+  }
+  (void)du;
+}
+
+void EncodeRecord(KvFormat f, const float* latent, int latent_dim, const float* rope, int rope_dim, float outer_scale,
+                  bool fp8_exact, uint8_t* rec) {
+  switch (f) {
+    case KvFormat::kBf16:
+      StoreBf16(latent, latent_dim, rec);
+      StoreBf16(rope, rope_dim, rec + 2 * latent_dim);
+      break;
+    case KvFormat::kFp8DsMla: {
+      namespace F = layout::fp8_ds_mla;
+      const auto mode = static_cast<TileScaleMode>(fp8_exact ? 1 : 0);
+      for (int t = 0; t < F::kNumTiles; ++t) {
+        const float* x = latent + t * F::kTileDim;
+        const float s = codec::fp8_tile_scale(AbsMax(x, F::kTileDim), mode);
+        StoreE4m3Div(x, F::kTileDim, s, rec + F::kLatentOffset + t * F::kTileDim);
+        codec::store_f32(rec + F::kScaleOffset + 4 * t, s);
+      }
+      StoreBf16(rope, kRopeDim, rec + F::kRopeOffset);
+      break;
+    }
+    case KvFormat::kNvfp4DsMla: {
+      namespace NV = layout::nvfp4_ds_mla;
+      Nvfp4Latent(latent, outer_scale, rec);
+      std::memset(rec + NV::kPadOffset, 0, NV::kPadBytes);
+      StoreBf16(rope, kRopeDim, rec + NV::kRopeOffset);
+      break;
+    }
+    case KvFormat::kNvfp4DsMlaFp8Rope: {
+      namespace NR = layout::nvfp4_ds_mla_fp8rope;
+      Nvfp4Latent(latent, outer_scale, rec);
+      const float rs = codec::rope_fp8_scale(AbsMax(rope, kRopeDim));
+      codec::store_f32(rec + NR::kRopeScaleOffset, rs);
+      std::memset(rec + NR::kPadOffset, 0, NR::kPadBytes);
+      if (rs == 0.0f) {
+        std::memset(rec + NR::kRopeOffset, 0, kRopeDim);
+      } else {
+        StoreE4m3Div(rope, kRopeDim, rs, rec + NR::kRopeOffset);
+      }
+      break;
+    }
+  }
+}
+
+void E4m3CodesN(const float* y, int64_t n, uint8_t* out) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  int64_t i = 0;
+  for (; i + N <= n; i += N) StoreBytes(E4m3Codes(df, hn::LoadU(df, y + i)), out + i);
+  for (; i < n; ++i) out[i] = f32_to_e4m3_satfinite(y[i]);
+}
+
+void E2m1CodesN(const float* y, int64_t n, uint8_t* out) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  int64_t i = 0;
+  for (; i + N <= n; i += N) StoreBytes(E2m1Codes(df, hn::LoadU(df, y + i)), out + i);
+  for (; i < n; ++i) out[i] = f32_to_e2m1_satfinite(y[i]);
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace model
+}  // namespace mlakv
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace mlakv {
+namespace model {
+
+HWY_EXPORT(EncodeRecord);
+HWY_EXPORT(E4m3CodesN);
+HWY_EXPORT(E2m1CodesN);
+
+void encode_record_simd(KvFormat f, const float* latent, int latent_dim, const float* rope, int rope_dim,
+                        float outer_scale, bool fp8_exact_scales, uint8_t* rec) {
+  HWY_DYNAMIC_DISPATCH(EncodeRecord)(f, latent, latent_dim, rope, rope_dim, outer_scale, fp8_exact_scales, rec);
+}
+
+void e4m3_codes_simd(const float* y, int64_t n, uint8_t* out) { HWY_DYNAMIC_DISPATCH(E4m3CodesN)(y, n, out); }
+void e2m1_codes_simd(const float* y, int64_t n, uint8_t* out) { HWY_DYNAMIC_DISPATCH(E2m1CodesN)(y, n, out); }
+
+Status write_cache_records(KvCache& cache, int layer, std::span<const int64_t> slots, const float* latent,
+                           const float* rope, ThreadPool* pool) {
+  MLAKV_ASSIGN_OR_RETURN(CacheLayerView v, cache.layer(layer));
+  const int64_t n = static_cast<int64_t>(slots.size());
+  const int L = v.latent_dim, R = v.rope_dim;
+  if (v.format != KvFormat::kBf16 && (L != kLatentDim || R != kRopeDim)) {
+    return invalid_argument(fmt::format("layer {}: {} records need latent {} + rope {}, the cache has {} + {}", layer,
+                                        format_name(v.format), kLatentDim, kRopeDim, L, R));
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    if (slots[static_cast<std::size_t>(i)] >= v.num_slots()) {
+      return out_of_range(fmt::format("layer {}: slot {} (token {}) is past the cache's {} slots", layer,
+                                      slots[static_cast<std::size_t>(i)], i, v.num_slots()));
+    }
+  }
+  for (int64_t i = 0; i < n * L; ++i) {
+    if (!std::isfinite(latent[i]))
+      return invalid_argument(fmt::format("layer {}: latent[{}, {}] is not finite", layer, i / L, i % L));
+  }
+  for (int64_t i = 0; i < n * R; ++i) {
+    if (!std::isfinite(rope[i]))
+      return invalid_argument(fmt::format("layer {}: rope[{}, {}] is not finite", layer, i / R, i % R));
+  }
+  const bool exact = cache.config().fp8_scales == Fp8ScaleMode::kExact;
+  auto one = [&](int64_t i) {
+    const int64_t s = slots[static_cast<std::size_t>(i)];
+    if (s < 0) return;
+    HWY_DYNAMIC_DISPATCH(EncodeRecord)(v.format, latent + i * L, L, rope + i * R, R, v.outer_scale, exact,
+                                       v.data + s * v.record_bytes);
+  };
+  if (pool == nullptr || n < 64) {
+    for (int64_t i = 0; i < n; ++i) one(i);
+  } else {
+    const int64_t chunk = 32;
+    pool->parallel_for((n + chunk - 1) / chunk, [&](int64_t c, int) {
+      for (int64_t i = c * chunk; i < std::min(n, (c + 1) * chunk); ++i) one(i);
+    });
+  }
+  return Status::Ok();
+}
+
+}  // namespace model
+}  // namespace mlakv
+#endif
