@@ -507,6 +507,15 @@ TEST_F(CliUser, DemoFiguresAreRightAndDiscriminate) {
   r = run("demo --threads -1");
   EXPECT_EQ(r.rc, 1);
   EXPECT_NE(r.err.find("--threads must be >= 0"), std::string::npos) << r.err;
+  // Every command with --threads refuses a negative count (0 is "all").
+  for (const char* c : {"demo --threads -1",
+                               "layer-forward --model m --layer 0 --input x --output y --threads -1",
+                               "eval --model m --text t --threads -1", "generate --model m --prompt p --threads -1",
+                               "reparam --model m --out o --text t --threads -1"}) {
+    r = run(c);
+    EXPECT_NE(r.rc, 0) << c;
+    EXPECT_NE(r.err.find("--threads must be >= 0"), std::string::npos) << c << ": " << r.err;
+  }
 }
 
 // ---- formats -------------------------------------------------------------------------------
