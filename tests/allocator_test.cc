@@ -728,7 +728,7 @@ TEST(CachingAllocator, DescribeSegmentsListsEveryBlockInAddressOrder) {
   EXPECT_EQ(alloc->describe_segments(), expected);
 }
 
-// ---- allocation order (REFERENCE section 6) ------------------------------------------------
+// ---- allocation order (docs/reference.md section 6) ------------------------------------------------
 
 // Per "layer": a persistent 4 MiB tensor (the absorbed pair) and an 8 MiB
 // transient scratch (the dequantized kv_b_proj), four layers, on a 40 MiB

@@ -54,7 +54,7 @@ class CliTest : public ::testing::Test {
 TEST_F(CliTest, FormatsJson) {
   CliRun r = run("formats --json");
   ASSERT_EQ(r.rc, 0) << r.err;
-  auto j = nlohmann::json::parse(r.out);
+  auto j = nlohmann::json::parse(r.out)["formats"];
   ASSERT_EQ(j.size(), 4u);
   std::map<std::string, int> want = {{"bf16", 1152}, {"fp8_ds_mla", 656}, {"nvfp4_ds_mla", 432},
                                      {"nvfp4_ds_mla_fp8rope", 368}};
@@ -75,11 +75,11 @@ TEST_F(CliTest, CodecRoundTripBf16IsExactOnBf16Values) {
   std::vector<float> rows(static_cast<std::size_t>(n) * 576);
   for (std::size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<float>(static_cast<int>(i % 61) - 30) * 0.125f;
   { std::ofstream f(path("in.f32"), std::ios::binary); f.write(reinterpret_cast<const char*>(rows.data()), static_cast<std::streamsize>(rows.size() * 4)); }
-  CliRun e = run("codec encode --format bf16 --in " + path("in.f32") + " --out " + path("r.bin") + " --json");
+  CliRun e = run("codec encode --format bf16 --raw --in " + path("in.f32") + " --out " + path("r.bin") + " --json");
   ASSERT_EQ(e.rc, 0) << e.err;
   EXPECT_EQ(nlohmann::json::parse(e.out)["tokens"].get<int>(), n);
   EXPECT_EQ(fs::file_size(path("r.bin")), static_cast<std::uintmax_t>(n * 1152));
-  CliRun d = run("codec decode --format bf16 --in " + path("r.bin") + " --out " + path("out.f32"));
+  CliRun d = run("codec decode --raw --format bf16 --in " + path("r.bin") + " --out " + path("out.f32"));
   ASSERT_EQ(d.rc, 0) << d.err;
   std::string back = slurp(path("out.f32"));
   ASSERT_EQ(back.size(), rows.size() * 4);
@@ -90,7 +90,7 @@ TEST_F(CliTest, CodecEncodeNvfp4WithOuterScale) {
   std::vector<float> row(576, 0.0f);
   row[0] = 1.5f;  // s_l = 0.25: y = 6 -> sf = e4m3(1) = 0x38, q = 7 (low nibble of byte 0)
   { std::ofstream f(path("in.f32"), std::ios::binary); f.write(reinterpret_cast<const char*>(row.data()), 576 * 4); }
-  CliRun e = run("codec encode --format nvfp4_ds_mla --outer-scale 0.25 --in " + path("in.f32") + " --out " + path("r.bin"));
+  CliRun e = run("codec encode --format nvfp4_ds_mla --raw --outer-scale 0.25 --in " + path("in.f32") + " --out " + path("r.bin"));
   ASSERT_EQ(e.rc, 0) << e.err;
   std::string rec = slurp(path("r.bin"));
   ASSERT_EQ(rec.size(), 432u);
@@ -107,7 +107,7 @@ TEST_F(CliTest, BadSizesAndArgumentsFailCleanly) {
   EXPECT_FALSE(fs::exists(path("x.bin"))) << "no output on failure";
 
   { std::ofstream f(path("odd.rec"), std::ios::binary); f << std::string(656 + 10, '\0'); }
-  r = run("codec decode --format fp8_ds_mla --in " + path("odd.rec") + " --out " + path("y.f32"));
+  r = run("codec decode --raw --format fp8_ds_mla --in " + path("odd.rec") + " --out " + path("y.f32"));
   EXPECT_NE(r.rc, 0);
   EXPECT_NE(r.err.find("656"), std::string::npos) << r.err;
 

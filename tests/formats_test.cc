@@ -1,5 +1,5 @@
 // Record layouts: each format's regions tile [0, record_bytes) exactly, names parse,
-// and the sizes are the published ones (REFERENCE section 3).
+// and the sizes are the published ones (docs/reference.md section 3).
 #include <gtest/gtest.h>
 
 #include "mlakv/formats.h"

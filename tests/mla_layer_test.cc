@@ -786,13 +786,13 @@ TEST_F(LayerCli, BadInputsAreErrors) {
   r = run(base + " --layer 0 --input " + dir + "/io.safetensors");
   EXPECT_NE(r.rc, 0);
   EXPECT_NE(r.err.find("model.layers.0.self_attn"), std::string::npos) << r.err;
-  // positions of the wrong dtype
+  // positions of the wrong dtype (i64 and i32 are accepted)
   {
     std::vector<float> h(static_cast<std::size_t>(2 * 32), 0.5f);
-    std::vector<int32_t> p = {0, 1};
+    std::vector<float> p = {0, 1};
     ASSERT_TRUE(write_safetensors(path("x.safetensors"),
                                   {{"hidden_states", TensorView::contiguous(h.data(), DType::kF32, {2, 32})},
-                                   {"positions", TensorView::contiguous(p.data(), DType::kI32, {2})}})
+                                   {"positions", TensorView::contiguous(p.data(), DType::kF32, {2})}})
                     .ok());
   }
   r = run(base + " --layer 2 --input " + path("x.safetensors"));

@@ -142,7 +142,10 @@ TEST(OuterScales, CacheLayerFormatsApplyOrWarn) {
   ASSERT_TRUE(s.ok());
   auto f = cache_layer_formats(KvFormat::kNvfp4DsMla, 4, &*s);
   ASSERT_TRUE(f.ok());
-  EXPECT_TRUE(f->warning.empty());
+  // The 3-layer file does not cover layer 3: it uses 1.0, and the warning says so.
+  EXPECT_NE(f->warning.find("covers layers [0, 3); layer 3 is past it and uses outer scale 1.0"), std::string::npos)
+      << f->warning;
+  EXPECT_TRUE(cache_layer_formats(KvFormat::kNvfp4DsMla, 3, &*s)->warning.empty());
   ASSERT_EQ(f->layers.size(), 4u);
   EXPECT_EQ(f->layers[0].outer_scale, static_cast<float>(0.02 / 2688));
   EXPECT_EQ(f->layers[2].outer_scale, static_cast<float>(0.0019345238095238095));

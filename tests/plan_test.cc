@@ -27,7 +27,7 @@ PlanParams defaults(const ModelPreset& p, KvFormat f) {
 
 TEST(Plan, PublishedGlm52BytesPerToken) {
   const auto p = preset("glm-5.2");
-  // REFERENCE section 5: 79 x 656 + 22 x 132 = 54,728 and 79 x 432 + 22 x 132 = 37,032.
+  // docs/reference.md section 5: 79 x 656 + 22 x 132 = 54,728 and 79 x 432 + 22 x 132 = 37,032.
   auto fp8 = plan_capacity(p.config, defaults(p, KvFormat::kFp8DsMla));
   ASSERT_TRUE(fp8.ok()) << fp8.status().to_string();
   EXPECT_EQ(fp8->bytes_per_token, 54728);
@@ -53,7 +53,8 @@ TEST(Plan, Glm52PoolsMatchThePublishedOrder) {
   EXPECT_NEAR(static_cast<double>(fp8->tokens_per_gpu), 373000, 3000);
   EXPECT_NEAR(static_cast<double>(fp4->tokens_per_gpu), 550000, 5000);
   EXPECT_GT(fp4r->tokens_per_gpu, 600000);
-  EXPECT_GE(fp4r->max_request_tokens, 1048576);
+  EXPECT_GE(fp4r->pool_request_tokens, 1048576);
+  EXPECT_EQ(fp4r->max_request_tokens, 202752);  // capped at max_position_embeddings
 }
 
 TEST(Plan, HandComputedTokenCounts) {
@@ -76,17 +77,74 @@ TEST(Plan, HandComputedTokenCounts) {
   EXPECT_EQ(r->blocks_per_gpu, 30066);
   EXPECT_EQ(r->tokens_per_gpu, 481056);
   EXPECT_EQ(r->replicas, 1);
-  EXPECT_EQ(r->max_request_tokens, 481056);
+  EXPECT_EQ(r->pool_request_tokens, 481056);
+  EXPECT_EQ(r->max_request_tokens, 163840);
   // DCP 4 spreads one request over 4 ranks: 4x the longest request.
   q.dcp = 4;
   r = plan_capacity(p.config, q);
-  EXPECT_EQ(r->max_request_tokens, 4 * 481056);
+  EXPECT_EQ(r->pool_request_tokens, 4 * 481056);
   EXPECT_EQ(r->tokens_per_gpu, 481056);
   // TP 4 on 8 GPUs: two replicas.
   q.tp = 4;
   r = plan_capacity(p.config, q);
   EXPECT_EQ(r->replicas, 2);
   EXPECT_EQ(r->total_tokens, 2 * 4 * 481056);
+}
+
+TEST(Plan, WeightsPerGpuConcurrencyAndMtp) {
+  const auto p = preset("deepseek-v3");
+  // The preset's weights (640 GiB) at its TP 8 reproduce its 84 GiB reservation: 80 + 4.
+  PlanParams q = defaults(p, KvFormat::kFp8DsMla);
+  q.reserved_gib = p.deploy.activation_gib;
+  q.weight_gib = p.deploy.weight_gib;
+  auto r = plan_capacity(p.config, q);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_DOUBLE_EQ(r->weight_gib_per_gpu, 80.0);
+  EXPECT_DOUBLE_EQ(r->reserved_gib_per_gpu, 84.0);
+  // TP 4: 160 GiB of weights per GPU exceed an H200's 126 usable GiB.
+  q.gpus = 4;
+  q.tp = 4;
+  r = plan_capacity(p.config, q);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(r.status().message().find("does not fit"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("160.00 GiB per GPU"), std::string::npos) << r.status().message();
+
+  // Concurrency (vLLM's formula): the hand-computed 30,066 blocks of 16 tokens over
+  // requests of 163,840 tokens = 10,240 blocks each -> 2.936x; with DCP 4 each rank holds
+  // 40,960 tokens = 2,560 blocks -> 11.74x.
+  PlanParams h;
+  h.format = KvFormat::kBf16;
+  h.gpus = 8;
+  h.tp = 8;
+  h.gpu_mem_gib = 80;
+  h.mem_util = 0.5;
+  h.reserved_gib = 8;
+  h.block_size = 16;
+  r = plan_capacity(p.config, h);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->concurrency_tokens, 163840);
+  EXPECT_DOUBLE_EQ(r->max_concurrency, 30066.0 / 10240.0);
+  h.dcp = 4;
+  r = plan_capacity(p.config, h);
+  EXPECT_DOUBLE_EQ(r->max_concurrency, 30066.0 / 2560.0);
+  h.dcp = 1;
+  h.max_model_len = 8192;  // 512 blocks per request
+  r = plan_capacity(p.config, h);
+  EXPECT_EQ(r->max_request_tokens, 8192);
+  EXPECT_DOUBLE_EQ(r->max_concurrency, 30066.0 / 512.0);
+  h.max_model_len = 163841;
+  r = plan_capacity(p.config, h);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("max_position_embeddings 163840"), std::string::npos);
+
+  // --no-mtp: V3.2 without its MTP layer drops one MLA and one indexer cache.
+  PlanParams m{KvFormat::kFp8DsMla};
+  m.include_mtp = false;
+  r = plan_capacity(preset("deepseek-v3.2").config, m);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->cache_layers, 61);
+  EXPECT_EQ(r->bytes_per_token, 61 * 656 + 61 * 132);
 }
 
 TEST(Plan, ModelsWithoutIndexerAndV32WithIndexer) {
@@ -124,7 +182,7 @@ TEST(Plan, ArgumentErrors) {
 }
 
 TEST(Plan, SoftmaxScalesOfThePresets) {
-  // REFERENCE section 1: DeepSeek-V3 0.135234; Kimi K2 (factor 32) 0.130861; GLM-5 0.0625.
+  // docs/reference.md section 1: DeepSeek-V3 0.135234; Kimi K2 (factor 32) 0.130861; GLM-5 0.0625.
   EXPECT_NEAR(preset("deepseek-v3").config.softmax_scale(), 0.135234, 1e-6);
   EXPECT_NEAR(preset("kimi-k2").config.softmax_scale(), 0.130861, 1e-6);
   EXPECT_NEAR(preset("glm-5").config.softmax_scale(), 0.0625, 1e-12);

@@ -1,4 +1,4 @@
-// Weight absorption for MLA decode (REFERENCE.md sections 1 and 6, docs/absorb.md).
+// Weight absorption for MLA decode (docs/reference.md sections 1 and 6, docs/absorb.md).
 //
 // kv_b_proj.weight is [H*(P+V), L]; viewed [H, P+V, L] the first P rows of each head
 // are W_UK, the last V rows W_UV. Absorbed decode multiplies by

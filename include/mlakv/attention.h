@@ -1,4 +1,4 @@
-// Absorbed MLA attention over a paged cache of KV records (REFERENCE section 1).
+// Absorbed MLA attention over a paged cache of KV records (docs/reference.md section 1).
 //
 // One operation covers decode (s_q = 1), multi-token decode (MTP / speculative, s_q > 1)
 // and chunked prefill (s_q = chunk length, reading the tokens it has just written):

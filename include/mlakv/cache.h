@@ -11,8 +11,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
+#include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -124,6 +126,10 @@ class KvCache {
     Fp8ScaleMode fp8_scales = Fp8ScaleMode::kPow2;
     int latent_dim = kLatentDim;  // only bf16 accepts other geometries
     int rope_dim = kRopeDim;
+    // Quality warnings from write(), at most one per layer (e.g. an nvfp4 layer whose
+    // group scales fall into e4m3 subnormals for want of an outer scale: codec.h
+    // nvfp4_scale_warning). Unset: no checks are made.
+    std::function<void(int layer, const std::string& message)> on_warning;
   };
 
   // Allocates the per-layer buffers in host memory (zero-filled).
@@ -152,6 +158,8 @@ class KvCache {
   std::vector<LayerFormat> layers_;
   std::vector<int> record_bytes_;
   std::vector<std::unique_ptr<uint8_t[]>> buffers_;
+  std::vector<Nvfp4ScaleCheck> scale_checks_;  // per layer, while on_warning is set
+  std::vector<bool> warned_;
 };
 
 class PagedKvCache {

@@ -2,6 +2,10 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
 
 #include "mlakv/formats.h"
 #include "mlakv/status.h"
@@ -36,10 +40,51 @@ Status encode_records(const CodecParams& p, const TensorView& latent, const Tens
                       const TensorView& records);
 
 // Decodes n records into float32 latent [n, latent_dim] and rope [n, rope_dim].
-// Fails (names the token) on a record whose fp32 scale is not finite and positive
-// (fp8 tile scales), not finite and >= 0 (fp8 rope scale), or whose e4m3 bytes
-// hold NaN. Outputs are unspecified on failure.
+// Fails (kDataLoss, names the token) on a record whose fp32 scale is not finite and
+// positive (fp8 tile scales), not finite and >= 0 (fp8 rope scale), whose e4m3 bytes
+// hold NaN, or that decodes to a non-finite value (bf16 NaN/Inf, or an outer scale that
+// overflows): records of another format or scale read as garbage, not silently.
+// Outputs are unspecified on failure.
 Status decode_records(const CodecParams& p, const TensorView& records, const TensorView& latent,
                       const TensorView& rope);
+
+// ---- record files (formats.h layout::record_file, docs/formats.md "Record files") ----------
+struct RecordFileInfo {
+  CodecParams params;       // format, outer scale, fp8 scale mode and geometry the records were written with
+  int64_t tokens = 0;
+  int64_t data_offset = 0;  // where the records start
+};
+// The 64-byte header for `tokens` records written with `p` (validated as codec_record_bytes).
+StatusOr<std::vector<uint8_t>> record_file_header(const CodecParams& p, int64_t tokens);
+// True when `file` starts with the record-file magic.
+bool is_record_file(std::span<const uint8_t> file);
+// Parses and checks the header against the file: magic, version, known format, a record
+// size that matches the format, a valid outer scale, and exactly `tokens` records after
+// the header. Errors are kDataLoss naming `source` and the field.
+StatusOr<RecordFileInfo> parse_record_file(std::span<const uint8_t> file, std::string_view source);
+
+// ---- NVFP4 without a calibrated outer scale ------------------------------------------------
+// nvfp4 group scales are e4m3 sf = amax_g(latent / s_l) / 6. On a layer whose latents are
+// small (GLM-5.2's shallow layers: max |kv_c_normed| ~0.02) at s_l = 1.0 they fall below
+// e4m3's smallest normal 2^-6, where they keep only 1-3 significant bits (docs/calibration.md).
+struct Nvfp4ScaleCheck {
+  int64_t tokens = 0;
+  int64_t groups = 0;            // non-zero 16-dim groups seen
+  int64_t subnormal_groups = 0;  // of those, amax_g / (6 s_l) < 2^-6
+  double max_abs = 0;            // max |latent| seen, before s_l
+
+  void add(const Nvfp4ScaleCheck& o);
+  // More than half of the non-zero group scales are subnormal.
+  bool degraded() const { return groups > 0 && 2 * subnormal_groups > groups; }
+  // The calibrated s_l for what was seen: max_abs / 2688 (docs/calibration.md).
+  double suggested_outer_scale() const;
+};
+
+// Counts latent [n, 512] (f32 or bf16, CPU) at outer scale s_l.
+StatusOr<Nvfp4ScaleCheck> nvfp4_scale_check(const TensorView& latent, float outer_scale);
+// "nvfp4_ds_mla at outer scale 1: 512 of 512 group scales (4 tokens) fell into e4m3
+// subnormals (max |latent| 0.02); an outer scale s_l = 7.44e-06 (max_abs / 2688; `mlakv
+// calibrate`, docs/calibration.md) fixes it". Empty when !c.degraded().
+std::string nvfp4_scale_warning(KvFormat format, const Nvfp4ScaleCheck& c, float outer_scale);
 
 }  // namespace mlakv

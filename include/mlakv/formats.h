@@ -94,6 +94,25 @@ static_assert(kRecordBytes == 132);
 inline constexpr double kOuterScaleDenominator = 2688.0;
 static_assert(kOuterScaleDenominator == 6.0 * 448.0);
 
+// mlakv record file (`mlakv codec encode`, docs/formats.md "Record files"): a 64-byte
+// little-endian header, then `tokens` records of `record_bytes` each.
+namespace record_file {
+inline constexpr char kMagic[8] = {'M', 'L', 'A', 'K', 'V', 'R', 'E', 'C'};
+inline constexpr uint32_t kVersion = 1;
+inline constexpr int kMagicOffset = 0;         // 8 B "MLAKVREC"
+inline constexpr int kVersionOffset = 8;       // u32 version (1)
+inline constexpr int kHeaderBytesOffset = 12;  // u32 header size = data offset (64)
+inline constexpr int kFormatOffset = 16;       // u32 KvFormat id
+inline constexpr int kRecordBytesOffset = 20;  // u32 record size
+inline constexpr int kOuterScaleOffset = 24;   // f32 outer scale s_l (1.0 without one)
+inline constexpr int kFp8ScalesOffset = 28;    // u32 fp8 tile-scale mode (0 pow2, 1 exact)
+inline constexpr int kTokensOffset = 32;       // u64 token count
+inline constexpr int kLatentDimOffset = 40;    // u32 latent dim (512)
+inline constexpr int kRopeDimOffset = 44;      // u32 rope dim (64)
+inline constexpr int kPadOffset = 48;          // 16 zero bytes
+inline constexpr int kHeaderBytes = 64;
+}  // namespace record_file
+
 }  // namespace layout
 
 // ---- the format switch -----------------------------------------------------------------
@@ -148,7 +167,20 @@ struct FormatInfo {
   bool has_outer_scale;          // the nvfp4 formats take a per-layer s_l
   std::string_view summary;
   std::span<const RecordRegion> regions;  // tiles [0, record_bytes) in order
+  // How vLLM (or the local-inference-lab fork) is told to use this record:
+  // `--kv-cache-dtype <this>` (docs/reference.md section 3).
+  std::string_view vllm_kv_cache_dtype;
 };
+
+// The DSA indexer key record (DeepSeek-V3.2, GLM-5): not a KvFormat, it sits beside the
+// MLA record on each indexer layer (`mlakv plan` counts it).
+struct IndexerRecordInfo {
+  std::string_view name;
+  int record_bytes;
+  std::string_view summary;
+  std::span<const RecordRegion> regions;
+};
+const IndexerRecordInfo& indexer_record_info();
 
 const FormatInfo& format_info(KvFormat f);
 std::span<const FormatInfo> all_formats();

@@ -1,7 +1,7 @@
 // Dequantizes a linear layer's weight from the checkpoint encodings found in MLA
 // checkpoints into a dense [N, K] matrix (N = out_features, K = in_features).
 //
-// Written for `kv_b_proj` (REFERENCE.md sections 1, 6, 7): its weight is
+// Written for `kv_b_proj` (docs/reference.md sections 1, 6, 7): its weight is
 // [H*(P+V), L], viewed [H, P+V, L] the first P rows of each head are W_UK, the last
 // V rows W_UV. The dense matrix is the transient scratch from which the absorbed pair
 // W_UK_T / W_UV is built; nothing here is kept. The code is generic: any linear layer

@@ -1,5 +1,5 @@
 // One MLA attention layer on the CPU: hidden states in, attention output out, with the
-// latent KV cache in any record format (docs/layer.md; REFERENCE.md section 1).
+// latent KV cache in any record format (docs/layer.md; docs/reference.md section 1).
 //
 // Per token x at position p (x is the attention input, i.e. after input_layernorm):
 //   q      = q_b_proj(rmsnorm(q_a_proj(x)))  or  q_proj(x)                 [H, P+R]

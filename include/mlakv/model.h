@@ -1,7 +1,7 @@
 // A whole DeepSeek-V3-family model on the CPU: load a Hugging Face checkpoint directory
 // and run prefill chunks and decode steps over the paged latent cache (any record
 // format, per-layer outer scales) or over an unquantized float32 reference cache.
-// docs/model.md; REFERENCE.md sections 1, 2 and 11.
+// docs/model.md; docs/reference.md sections 1, 2 and 11.
 //
 // Supported model_type: deepseek_v2, deepseek_v3, kimi_k2 (V3 architecture),
 // glm4_moe_lite, and deepseek_v32 / glm_moe_dsa with DENSE attention (the DSA indexer

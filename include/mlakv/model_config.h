@@ -58,6 +58,10 @@ struct ModelConfig : MlaGeometry {
   int index_n_heads = 0;
   int index_head_dim = 0;
   int index_topk = 0;
+  // config.json max_position_embeddings: the longest sequence the model was built for
+  // (0 = unknown). `mlakv plan` caps the longest request at it; layer-forward refuses
+  // positions at or past it.
+  int max_position_embeddings = 0;
 
   const MlaGeometry& geometry() const { return *this; }
   MlaGeometry& geometry() { return *this; }
@@ -77,6 +81,10 @@ struct DeploymentDefaults {
   double mem_util = 0.9;
   double reserved_gib = 0.0;  // weights + activations + graphs, per GPU
   std::string_view note;      // where the numbers come from
+  // The published checkpoint's weights in GiB (all ranks together); `mlakv plan` reserves
+  // weight_gib / tp + activation_gib per GPU, which is reserved_gib at the preset's tp.
+  double weight_gib = 0.0;
+  double activation_gib = 4.0;  // activations, CUDA graphs and allocator slack per GPU
 };
 
 struct ModelPreset {

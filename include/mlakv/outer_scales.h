@@ -1,5 +1,5 @@
 // NVFP4 outer scales: the per-layer s_l that nvfp4_ds_mla records divide the latent by
-// before quantizing (REFERENCE.md sections 3 and 4; docs/calibration.md).
+// before quantizing (docs/reference.md sections 3 and 4; docs/calibration.md).
 //
 // The scale file, "nvfp4_ds_mla_outer_scale_v1" (the local-inference-lab vLLM fork's
 // format, PR #95/#145), is one JSON object:
@@ -60,8 +60,9 @@ StatusOr<OuterScales> parse_outer_scales(std::string_view json_text, std::string
 StatusOr<OuterScales> load_outer_scales(const std::string& path);
 
 // Per-layer cache formats for `num_layers` cache layers all in `format`, with the outer
-// scales applied where the format has one. `warning` is non-empty (and the scales are not
-// applied) when scales were given for a format without an outer scale (bf16, fp8_ds_mla).
+// scales applied where the format has one. `warning` is non-empty when scales were given
+// for a format without an outer scale (bf16, fp8_ds_mla: the scales are not applied), or
+// when num_layers exceeds the file's (the layers past it use 1.0; the message names them).
 // Fails on num_layers < 1, or scales whose latent_dim differs from 512.
 struct CacheLayerFormats {
   std::vector<LayerFormat> layers;
@@ -84,7 +85,8 @@ class OuterScaleCalibrator {
   // Fails when there is none, or on a name with a malformed layer index.
   StatusOr<int> add_capture(const TensorSource& capture);
   // The scales for layers [0, num_layers) (num_layers 0: one past the highest layer
-  // seen). Fails naming the first layer that has no capture or whose max is 0.
+  // seen). Fails naming the first layer that has no capture or whose max is 0, and
+  // (kInvalidArgument) naming the captured layers at or past num_layers.
   StatusOr<OuterScales> finish(int num_layers = 0) const;
 
   const std::vector<double>& max_abs() const { return max_abs_; }  // -1 for layers not seen

@@ -4,7 +4,7 @@
 // weights.
 //
 // Values: W ~ N(0, 0.02^2) per element (a typical trained projection's scale),
-// quantized the way each format's producer does it (REFERENCE.md section 7):
+// quantized the way each format's producer does it (docs/reference.md section 7):
 //   dense                    bf16 W, round to nearest even
 //   fp8_block                per 128x128 tile s = amax / 448, weight = e4m3(W / s),
 //                            weight_scale_inv = s (f32)

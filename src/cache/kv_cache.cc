@@ -60,6 +60,8 @@ StatusOr<std::unique_ptr<KvCache>> KvCache::create_cpu(const Config& config) {
     c->record_bytes_.push_back(*rb);
     c->buffers_.push_back(std::move(buf));
   }
+  c->scale_checks_.resize(c->layers_.size());
+  c->warned_.assign(c->layers_.size(), false);
   return c;
 }
 
@@ -121,7 +123,18 @@ Status write_cache_layer(const CacheLayerView& v, const TensorView& slots, const
 
 Status KvCache::write(int l, const TensorView& slots, const TensorView& latent, const TensorView& rope) {
   MLAKV_ASSIGN_OR_RETURN(CacheLayerView v, layer(l));
-  return write_cache_layer(v, slots, latent, rope, config_.fp8_scales).with_context(fmt::format("layer {}", l));
+  MLAKV_RETURN_IF_ERROR(
+      write_cache_layer(v, slots, latent, rope, config_.fp8_scales).with_context(fmt::format("layer {}", l)));
+  const std::size_t li = static_cast<std::size_t>(l);
+  if (config_.on_warning && format_info(v.format).has_outer_scale && !warned_[li]) {
+    MLAKV_ASSIGN_OR_RETURN(Nvfp4ScaleCheck c, nvfp4_scale_check(latent, v.outer_scale));
+    scale_checks_[li].add(c);
+    if (scale_checks_[li].degraded()) {
+      warned_[li] = true;
+      config_.on_warning(l, nvfp4_scale_warning(v.format, scale_checks_[li], v.outer_scale));
+    }
+  }
+  return Status::Ok();
 }
 
 Status KvCache::copy_block(int32_t src, int32_t dst) {

@@ -191,6 +191,16 @@ StatusOr<CacheLayerFormats> cache_layer_formats(KvFormat format, int num_layers,
         "nvfp4_ds_mla and nvfp4_ds_mla_fp8rope)",
         format_name(format), scales->num_layers());
   }
+  if (scales != nullptr && has_outer && num_layers > scales->num_layers()) {
+    const int n = scales->num_layers();
+    const std::string past = num_layers - n == 1
+                                 ? fmt::format("layer {} is past it and uses", n)
+                                 : fmt::format("layers [{}, {}) are past it and use", n, num_layers);
+    r.warning = fmt::format(
+        "the scale file covers layers [0, {}); {} outer scale 1.0 (right only for an MTP layer left out on "
+        "purpose; otherwise recalibrate with every layer)",
+        n, past);
+  }
   for (int l = 0; l < num_layers; ++l) {
     r.layers.push_back({format, has_outer && scales != nullptr ? scales->scale_for(l) : 1.0f});
   }
@@ -265,6 +275,16 @@ StatusOr<OuterScales> OuterScaleCalibrator::finish(int num_layers) const {
   }
   const int n = num_layers > 0 ? num_layers : static_cast<int>(max_abs_.size());
   if (n == 0) return failed_precondition("calibration: no kv_c_normed was added");
+  std::string dropped;
+  for (int l = n; l < static_cast<int>(max_abs_.size()); ++l) {
+    if (max_abs_[static_cast<std::size_t>(l)] >= 0.0) dropped += fmt::format("{}{}", dropped.empty() ? "" : ", ", l);
+  }
+  if (!dropped.empty()) {
+    return invalid_argument(fmt::format(
+        "calibration: num_layers {} leaves out captured layer(s) {}: their captures would be dropped (give "
+        "num_layers {} or 0 = one past the highest captured)",
+        n, dropped, max_abs_.size()));
+  }
   std::vector<double> m(static_cast<std::size_t>(n));
   for (int l = 0; l < n; ++l) {
     const double v = l < static_cast<int>(max_abs_.size()) ? max_abs_[static_cast<std::size_t>(l)] : -1.0;

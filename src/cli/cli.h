@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <filesystem>
 #include <functional>
 #include <string>
 
@@ -30,5 +31,15 @@ void add_eval_command(Cli& cli);  // eval and generate
 
 // Prints JSON to stdout, 2-space indented.
 void print_json(const nlohmann::json& j);
+
+// The model as output files' metadata names it: a preset as is, a checkpoint by its
+// directory's own name (never an absolute path: files stay shareable).
+inline std::string portable_name(const std::string& name) {
+  std::filesystem::path p(name);
+  if (p.filename() == "config.json") p = p.parent_path();
+  if (p.filename().empty()) p = p.parent_path();  // "dir/"
+  const std::string base = p.filename().string();
+  return base.empty() ? name : base;
+}
 
 }  // namespace mlakv::cli

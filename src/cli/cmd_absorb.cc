@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <optional>
@@ -25,6 +27,7 @@ constexpr double kGiB = kMiB * 1024.0;
 
 struct AbsorbArgs {
   std::string model_dir;
+  std::string model_positional;  // deprecated `absorb MODEL_DIR`
   std::string synthetic;
   std::string encoding;  // "" = detected (checkpoint) / fp8 (synthetic)
   int tp = 1;
@@ -92,7 +95,7 @@ struct Source {
 
 StatusOr<Source> open_source(const AbsorbArgs& a) {
   if (a.model_dir.empty() == a.synthetic.empty()) {
-    return invalid_argument("give exactly one of MODEL_DIR (a checkpoint directory) and --synthetic PRESET");
+    return invalid_argument("give exactly one of --model DIR (a checkpoint directory) and --synthetic PRESET");
   }
   Source s;
   std::optional<WeightEncoding> forced;
@@ -170,6 +173,14 @@ nlohmann::json run_json(const AbsorbMemoryRun& r) {
           {"kv_cache_max_bytes", r.kv_cache_max_bytes}};
 }
 
+// A failure while MTP layers are included says how to leave them out.
+Status with_mtp_hint(const Status& st, const Source& s, const AbsorbModelOptions& o) {
+  if (!o.include_mtp || s.config.num_mtp_layers == 0) return st;
+  return Status(st.code(), fmt::format("{} (the config declares {} MTP layer(s) from model.layers.{}; --no-mtp skips "
+                                       "them)",
+                                       st.message(), s.config.num_mtp_layers, s.config.num_layers));
+}
+
 Status run_report(const AbsorbArgs& a, const Source& s, const AbsorbModelOptions& base) {
   AbsorbMemoryOptions mem;
   const double gib = a.gpu_mem.value_or(s.default_gpu_gib);
@@ -189,7 +200,9 @@ Status run_report(const AbsorbArgs& a, const Source& s, const AbsorbModelOptions
   o.progress = [&](int, int) {
     if (pr) pr->update(++done);
   };
-  MLAKV_ASSIGN_OR_RETURN(AbsorbMemoryReport r, measure_absorb_memory(*s.tensors, s.config, o, mem));
+  StatusOr<AbsorbMemoryReport> measured = measure_absorb_memory(*s.tensors, s.config, o, mem);
+  if (!measured.ok()) return with_mtp_hint(measured.status(), s, o);
+  const AbsorbMemoryReport& r = *measured;
   if (pr) pr->finish();
 
   const MlaGeometry& g = r.rank_geometry;
@@ -262,8 +275,32 @@ Status run_report(const AbsorbArgs& a, const Source& s, const AbsorbModelOptions
   return Status::Ok();
 }
 
-Status run_absorb(const AbsorbArgs& a) {
+// A config that declares MTP layers the checkpoint does not ship (many published
+// checkpoints drop them): absorb the decoder layers only, and say so.
+bool mtp_missing(const AbsorbArgs& a, const Source& s) {
+  if (a.no_mtp || !a.synthetic.empty() || a.layers || s.config.num_mtp_layers == 0) return false;
+  const std::string prefix = fmt::format("model.layers.{}.self_attn.kv_b_proj.", s.config.num_layers);
+  for (const std::string& n : s.tensors->names()) {
+    if (n.compare(0, prefix.size(), prefix) == 0) return false;
+  }
+  return true;
+}
+
+Status run_absorb(AbsorbArgs a) {
+  if (!a.model_positional.empty()) {
+    if (!a.model_dir.empty()) return invalid_argument("give the checkpoint once: --model DIR (MODEL_DIR is deprecated)");
+    std::fprintf(stderr, "note: 'mlakv absorb MODEL_DIR' is deprecated; use 'mlakv absorb --model MODEL_DIR'\n");
+    a.model_dir = a.model_positional;
+  }
   MLAKV_ASSIGN_OR_RETURN(Source s, open_source(a));
+  if (mtp_missing(a, s)) {
+    std::fprintf(stderr,
+                 "note: %s declares %d MTP layer(s) but the checkpoint ships no model.layers.%d.self_attn.kv_b_proj: "
+                 "absorbing the %d decoder layers only (as --no-mtp)\n",
+                 portable_name(s.config.name).c_str(), s.config.num_mtp_layers, s.config.num_layers,
+                 s.config.num_layers);
+    a.no_mtp = true;
+  }
   MLAKV_ASSIGN_OR_RETURN(AbsorbModelOptions o, model_options(a, s));
   if (a.report) {
     if (!a.out.empty()) return invalid_argument("--out: not with --report (the report computes no values)");
@@ -281,7 +318,9 @@ Status run_absorb(const AbsorbArgs& a) {
   o.progress = [&](int done, int) {
     if (pr) pr->update(done);
   };
-  MLAKV_ASSIGN_OR_RETURN(std::vector<AbsorbedLayer> layers, absorb_model(*s.tensors, s.config, alloc, o));
+  StatusOr<std::vector<AbsorbedLayer>> absorbed = absorb_model(*s.tensors, s.config, alloc, o);
+  if (!absorbed.ok()) return with_mtp_hint(absorbed.status(), s, o);
+  std::vector<AbsorbedLayer> layers = std::move(*absorbed);
   if (pr) pr->finish();
   const AllocatorStats st = alloc.stats();
   if (!a.out.empty()) {
@@ -293,7 +332,7 @@ Status run_absorb(const AbsorbArgs& a) {
     MLAKV_RETURN_IF_ERROR(write_safetensors(
         a.out, tensors,
         {{"mlakv", "absorbed MLA weights: W_UK_T [H, P, L], W_UV [H, L, V]"},
-         {"model", s.config.name},
+         {"model", portable_name(s.config.name)},
          {"tp", fmt::format("{} rank {}", o.tp_size, o.tp_rank)},
          {"allocation_order", std::string(allocation_order_name(o.absorb.order))}}));
   }
@@ -335,7 +374,8 @@ void add_absorb_command(Cli& cli) {
   auto a = std::make_shared<AbsorbArgs>();
   auto* cmd = cli.app.add_subcommand(
       "absorb", "Build the absorbed MLA weights W_UK_T / W_UV from kv_b_proj; --report compares allocation orders");
-  cmd->add_option("MODEL_DIR", a->model_dir, "Checkpoint directory (config.json + safetensors)");
+  cmd->add_option("--model", a->model_dir, "Checkpoint directory (config.json + safetensors), as layer-forward takes");
+  cmd->add_option("MODEL_DIR", a->model_positional, "Deprecated: the checkpoint directory (use --model)");
   cmd->add_option("--synthetic", a->synthetic, "Generate a preset's kv_b_proj instead of reading one (e.g. glm-5.2)");
   cmd->add_option("--encoding", a->encoding,
                   "kv_b_proj encoding: fp8, nvfp4, compressed_tensors_nvfp4, dense, gptq, awq (default: detected; "
@@ -343,7 +383,9 @@ void add_absorb_command(Cli& cli) {
   cmd->add_option("--tp", a->tp, "Tensor-parallel size (heads split across ranks)")->capture_default_str();
   cmd->add_option("--tp-rank", a->tp_rank, "The rank whose heads are absorbed")->capture_default_str();
   cmd->add_option("--layers", a->layers, "Absorb only the first N decoder layers (no MTP)");
-  cmd->add_flag("--no-mtp", a->no_mtp, "Skip the model's MTP layers");
+  cmd->add_flag("--no-mtp", a->no_mtp,
+                "Skip the model's MTP layers (automatic when the config declares MTP layers the checkpoint does not "
+                "ship)");
   cmd->add_option("--dtype", a->dtype, "W_UK_T / W_UV dtype: bf16 or f32")->capture_default_str();
   cmd->add_option("--scratch-dtype", a->scratch_dtype, "Dequantization scratch dtype: bf16 or f32 (default: --dtype)");
   cmd->add_option("--order", a->order, "persistent-first or scratch-first (legacy)")->capture_default_str();
@@ -361,7 +403,9 @@ void add_absorb_command(Cli& cli) {
       ->capture_default_str();
   cmd->add_flag("--host-memory", a->host_memory,
                 "--report: allocate real host memory and compute values (default: a virtual device, no RAM)");
-  cmd->add_option("--out", a->out, "Write the absorbed pairs to this .safetensors file");
+  cmd->add_option("--out", a->out,
+                  "Write the absorbed pairs to this .safetensors file (model.layers.<i>.self_attn.W_UK_T / W_UV: the "
+                  "decode-time weights a serving engine would precompute; docs/absorb.md)");
   cmd->add_flag("--json", a->json, "Print JSON");
   cmd->callback([&cli, a] { cli.action = [a] { return run_absorb(*a); }; });
 }

@@ -2,6 +2,8 @@
 // kv_c_normed activations (docs/calibration.md).
 #include <fmt/format.h>
 
+#include <filesystem>
+
 #include "cli/cli.h"
 #include "mlakv/outer_scales.h"
 #include "mlakv/safetensors.h"
@@ -18,6 +20,17 @@ struct CalibrateArgs {
 
 Status run_calibrate(const CalibrateArgs& a) {
   if (a.num_layers < 0) return invalid_argument(fmt::format("--num-layers must be >= 0, got {}", a.num_layers));
+  // The same capture twice would count its tokens twice and hide a missing one.
+  for (std::size_t i = 0; i < a.activations.size(); ++i) {
+    for (std::size_t j = 0; j < i; ++j) {
+      std::error_code ec;
+      if (a.activations[i] == a.activations[j] ||
+          std::filesystem::equivalent(a.activations[i], a.activations[j], ec)) {
+        return invalid_argument(fmt::format("--activations: '{}' and '{}' are the same capture (each file once)",
+                                            a.activations[j], a.activations[i]));
+      }
+    }
+  }
   OuterScaleCalibrator cal;
   for (const std::string& path : a.activations) {
     MLAKV_ASSIGN_OR_RETURN(auto f, SafetensorsFile::open(path));

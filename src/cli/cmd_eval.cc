@@ -277,6 +277,7 @@ Status run_reparam(const ReparamArgs& a) {
   if (!(a.lo > 0) || !(a.hi > a.lo) || !std::isfinite(a.hi)) {
     return invalid_argument(fmt::format("--min/--max: need 0 < min < max, got {} and {}", a.lo, a.hi));
   }
+  if (a.threads < 0) return invalid_argument(fmt::format("--threads must be >= 0 (0 = all cores), got {}", a.threads));
   MLAKV_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::load(a.model, ModelLoadOptions{.threads = a.threads}));
   std::optional<Tokenizer> tok;
   if (auto t = tokenizer_for(a.model, *model); t.ok()) tok = std::move(t).value();

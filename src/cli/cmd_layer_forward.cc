@@ -26,14 +26,46 @@ struct LayerForwardArgs {
   bool json = false;
 };
 
-StatusOr<TensorView> input_tensor(const SafetensorsFile& f, const char* name, DType dtype, int ndim) {
+// A [T, D] (or [1, T, D]) f32 / bf16 / f16 tensor of `f` as float32 rows.
+StatusOr<std::vector<float>> input_rows(const SafetensorsFile& f, const char* name, int64_t d, int64_t& rows) {
   const std::optional<TensorView> t = f.find(name);
   if (!t) return not_found(fmt::format("{}: tensor '{}' is missing", f.path(), name));
-  if (t->dtype != dtype || t->ndim != ndim) {
-    return invalid_argument(fmt::format("{}: tensor '{}' must be {} with {} dimension(s), got {} {}", f.path(), name,
-                                        dtype_name(dtype), ndim, dtype_name(t->dtype), t->shape_string()));
+  const bool batched = t->ndim == 3 && t->size(0) == 1;
+  if (!(t->ndim == 2 || batched) || t->size(t->ndim - 1) != d || t->size(t->ndim - 2) < 1 ||
+      (t->dtype != DType::kF32 && t->dtype != DType::kBF16 && t->dtype != DType::kF16)) {
+    return invalid_argument(fmt::format("{}: tensor '{}' must be [T >= 1, {}] or [1, T, {}] of f32, bf16 or f16, got "
+                                        "{} {}",
+                                        f.path(), name, d, d, dtype_name(t->dtype), t->shape_string()));
   }
-  return *t;
+  rows = t->size(t->ndim - 2);
+  std::vector<float> out(static_cast<std::size_t>(rows * d));
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    if (t->dtype == DType::kF32) {
+      out[i] = t->ptr<const float>()[i];
+    } else {
+      const uint16_t h = t->ptr<const uint16_t>()[i];
+      out[i] = t->dtype == DType::kBF16 ? bf16_to_f32(h) : f16_to_f32(h);
+    }
+  }
+  return out;
+}
+
+// positions [T] (or [1, T]) of i64 or i32.
+StatusOr<std::vector<int64_t>> input_positions(const SafetensorsFile& f, int64_t rows) {
+  const std::optional<TensorView> t = f.find("positions");
+  if (!t) return not_found(fmt::format("{}: tensor 'positions' is missing", f.path()));
+  const bool ok_shape = (t->ndim == 1 && t->size(0) == rows) || (t->ndim == 2 && t->size(0) == 1 && t->size(1) == rows);
+  if (!ok_shape || (t->dtype != DType::kI64 && t->dtype != DType::kI32)) {
+    return invalid_argument(fmt::format(
+        "{}: tensor 'positions' must be [{}] or [1, {}] of i64 or i32 (one per hidden_states row), got {} {}",
+        f.path(), rows, rows, dtype_name(t->dtype), t->shape_string()));
+  }
+  std::vector<int64_t> out(static_cast<std::size_t>(rows));
+  for (int64_t i = 0; i < rows; ++i) {
+    out[static_cast<std::size_t>(i)] =
+        t->dtype == DType::kI64 ? t->ptr<const int64_t>()[i] : static_cast<int64_t>(t->ptr<const int32_t>()[i]);
+  }
+  return out;
 }
 
 Status run_layer_forward(const LayerForwardArgs& a) {
@@ -63,16 +95,18 @@ Status run_layer_forward(const LayerForwardArgs& a) {
   }
 
   MLAKV_ASSIGN_OR_RETURN(auto input, SafetensorsFile::open(a.input));
-  MLAKV_ASSIGN_OR_RETURN(TensorView hidden, input_tensor(*input, "hidden_states", DType::kF32, 2));
-  MLAKV_ASSIGN_OR_RETURN(TensorView positions, input_tensor(*input, "positions", DType::kI64, 1));
-  const int64_t T = hidden.size(0);
-  if (T < 1 || hidden.size(1) != cfg.hidden_size) {
-    return invalid_argument(fmt::format("{}: tensor 'hidden_states' must be [T >= 1, {}], got {}", a.input,
-                                        cfg.hidden_size, hidden.shape_string()));
-  }
-  if (positions.size(0) != T) {
-    return invalid_argument(fmt::format("{}: tensor 'positions' must be [{}] (one per hidden_states row), got {}",
-                                        a.input, T, positions.shape_string()));
+  int64_t T = 0;
+  MLAKV_ASSIGN_OR_RETURN(std::vector<float> hidden, input_rows(*input, "hidden_states", cfg.hidden_size, T));
+  MLAKV_ASSIGN_OR_RETURN(std::vector<int64_t> positions, input_positions(*input, T));
+  // RoPE past the model's context is extrapolation the checkpoint was never trained on:
+  // refused, naming the first such token (docs/layer.md).
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t pos = positions[static_cast<std::size_t>(t)];
+    if (pos < 0 || (cfg.max_position_embeddings > 0 && pos >= cfg.max_position_embeddings)) {
+      return out_of_range(fmt::format("{}: positions[{}] = {} is outside [0, {}) (the model's "
+                                      "max_position_embeddings)",
+                                      a.input, t, pos, cfg.max_position_embeddings));
+    }
   }
 
   MLAKV_ASSIGN_OR_RETURN(auto ckpt, Checkpoint::open(a.model));
@@ -87,6 +121,9 @@ Status run_layer_forward(const LayerForwardArgs& a) {
   cc.block_size = a.block_size;
   cc.num_blocks = (T + a.block_size - 1) / a.block_size;
   cc.layers = lf.layers;
+  cc.on_warning = [&a](int, const std::string& message) {
+    std::fprintf(stderr, "warning: layer %d: %s\n", a.layer, message.c_str());
+  };
   MLAKV_ASSIGN_OR_RETURN(auto cache, PagedKvCache::create_cpu(cc));
   const SeqId seq = cache->add_sequence();
 
@@ -103,15 +140,15 @@ Status run_layer_forward(const LayerForwardArgs& a) {
     fo.trace = capture ? &trace : nullptr;
     const Status st = mla_layer_forward(
         w, cfg, *cache, 0, seq,
-        TensorView::contiguous(hidden.ptr<const float>() + t0 * cfg.hidden_size, DType::kF32, {n, cfg.hidden_size}),
-        TensorView::contiguous(positions.ptr<const int64_t>() + t0, DType::kI64, {n}),
+        TensorView::contiguous(hidden.data() + t0 * cfg.hidden_size, DType::kF32, {n, cfg.hidden_size}),
+        TensorView::contiguous(positions.data() + t0, DType::kI64, {n}),
         TensorView::contiguous(out.data() + t0 * cfg.hidden_size, DType::kF32, {n, cfg.hidden_size}), fo);
     if (!st.ok()) return st.with_context(fmt::format("{}: tokens [{}, {})", a.input, t0, t0 + n));
     if (capture) captured.insert(captured.end(), trace.kv_c_normed.begin(), trace.kv_c_normed.end());
   }
 
   const std::map<std::string, std::string> meta = {{"generator", "mlakv layer-forward"},
-                                                   {"model", cfg.name},
+                                                   {"model", portable_name(cfg.name)},
                                                    {"layer", std::to_string(a.layer)},
                                                    {"format", std::string(format_name(*format))},
                                                    {"outer_scale", fmt::format("{}", lf.layers[0].outer_scale)}};
@@ -121,7 +158,7 @@ Status run_layer_forward(const LayerForwardArgs& a) {
     MLAKV_RETURN_IF_ERROR(write_safetensors(
         a.capture,
         {{capture_tensor_name(a.layer), TensorView::contiguous(captured.data(), DType::kF32, {T, kLatentDim})}},
-        {{"generator", "mlakv layer-forward --capture"}, {"model", cfg.name}}));
+        {{"generator", "mlakv layer-forward --capture"}, {"model", portable_name(cfg.name)}}));
   }
   if (a.json) {
     print_json({{"model", cfg.name},
@@ -148,7 +185,11 @@ void add_layer_forward_command(Cli& cli) {
   auto* cmd = cli.app.add_subcommand("layer-forward", "Run one MLA attention layer of a checkpoint on the CPU");
   cmd->add_option("--model", a->model, "Checkpoint directory (config.json + safetensors)")->required();
   cmd->add_option("--layer", a->layer, "Layer index")->required();
-  cmd->add_option("--input", a->input, "safetensors with hidden_states [T, D] f32 and positions [T] i64")->required();
+  cmd->add_option("--input", a->input,
+                  "safetensors with hidden_states [T, D] (or [1, T, D]; f32, bf16 or f16) and positions [T] (i64 or "
+                  "i32). hidden_states is the attention input AFTER input_layernorm, not transformers' decoder-layer "
+                  "hidden_states (the pre-norm residual: passing that gives plausible, wrong output)")
+      ->required();
   cmd->add_option("--output", a->output, "safetensors to write: output [T, D] f32")->required();
   cmd->add_option("--format", a->format, "KV cache format (see 'mlakv formats')")->capture_default_str();
   cmd->add_option("--scales", a->scales, "nvfp4_ds_mla_outer_scale_v1 scale file (nvfp4 formats)");

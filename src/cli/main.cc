@@ -1,6 +1,7 @@
 #include <fmt/format.h>
 
 #include <cstdio>
+#include <string_view>
 
 #include "cli/cli.h"
 
@@ -8,10 +9,24 @@ namespace mlakv::cli {
 
 void print_json(const nlohmann::json& j) { fmt::print("{}\n", j.dump(2)); }
 
+namespace {
+constexpr int kExitFailure = 1;
+constexpr int kExitUsage = 2;
+}  // namespace
+
 }  // namespace mlakv::cli
 
+// Exit codes (README "Exit codes"): 0 success; 1 the command ran and failed (the Status
+// names why); 2 usage: the command line does not parse (unknown option, missing or
+// malformed value). Under --json a failure is also printed to stdout as
+// {"error": {"code": "...", "message": "..."}}.
 int main(int argc, char** argv) {
   using namespace mlakv::cli;
+  bool json = false;
+  for (int i = 1; i < argc; ++i) json = json || std::string_view(argv[i]) == "--json";
+  auto json_error = [json](std::string_view code, const std::string& message) {
+    if (json) print_json({{"error", {{"code", std::string(code)}, {"message", message}}}});
+  };
   Cli cli;
   cli.app.require_subcommand(1);
   cli.app.set_version_flag("--version", "mlakv 0.1.0");
@@ -34,16 +49,19 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     std::fprintf(stderr, "run 'mlakv --help' (or 'mlakv <command> --help') for usage\n");
-    return e.get_exit_code() != 0 ? e.get_exit_code() : 2;
+    json_error("usage", e.what());
+    return kExitUsage;
   }
   if (!cli.action) {
     std::fprintf(stderr, "error: no command given\n");
-    return 2;
+    json_error("usage", "no command given");
+    return kExitUsage;
   }
   const mlakv::Status st = cli.action();
   if (!st.ok()) {
     std::fprintf(stderr, "error: %s\n", st.message().c_str());
-    return 1;
+    json_error(mlakv::status_code_name(st.code()), st.message());
+    return kExitFailure;
   }
   return 0;
 }

@@ -2,7 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "format/record_codec.h"
@@ -145,8 +147,153 @@ Status decode_records(const CodecParams& p, const TensorView& records, const Ten
     } else {
       codec::decode_record(p.format, rec, p.outer_scale, lat, rop);
     }
+    for (int d = 0; d < p.latent_dim + p.rope_dim; ++d) {
+      const float v = d < p.latent_dim ? lat[d] : rop[d - p.latent_dim];
+      if (!std::isfinite(v)) {
+        return data_loss(fmt::format(
+            "record {}: {} dimension {} decodes to {} (records of another format, or a wrong outer scale?)", t,
+            d < p.latent_dim ? "latent" : "rope", d < p.latent_dim ? d : d - p.latent_dim, v));
+      }
+    }
   }
   return Status::Ok();
+}
+
+void Nvfp4ScaleCheck::add(const Nvfp4ScaleCheck& o) {
+  tokens += o.tokens;
+  groups += o.groups;
+  subnormal_groups += o.subnormal_groups;
+  max_abs = std::max(max_abs, o.max_abs);
+}
+
+double Nvfp4ScaleCheck::suggested_outer_scale() const { return max_abs / layout::kOuterScaleDenominator; }
+
+StatusOr<Nvfp4ScaleCheck> nvfp4_scale_check(const TensorView& latent, float outer_scale) {
+  MLAKV_RETURN_IF_ERROR(check_tensor(latent, "latent", {{DType::kF32, DType::kBF16}, {-1, kLatentDim}},
+                                     Device::cpu()));
+  if (!std::isfinite(outer_scale) || !(outer_scale > 0.0f)) {
+    return invalid_argument(fmt::format("outer_scale must be finite and > 0, got {}", outer_scale));
+  }
+  namespace N = layout::nvfp4_ds_mla;
+  constexpr double kMinNormal = 0.015625;  // e4m3: 2^-6
+  Nvfp4ScaleCheck c;
+  std::vector<float> row(kLatentDim);
+  for (int64_t t = 0; t < latent.size(0); ++t) {
+    load_row(latent, t, kLatentDim, row.data());
+    for (int g = 0; g < N::kNumGroups; ++g) {
+      double amax = 0;
+      for (int i = 0; i < N::kGroupDim; ++i) amax = std::max(amax, std::fabs(static_cast<double>(row[static_cast<std::size_t>(g * N::kGroupDim + i)])));
+      c.max_abs = std::max(c.max_abs, amax);
+      if (amax == 0) continue;
+      ++c.groups;
+      if (amax / outer_scale / 6.0 < kMinNormal) ++c.subnormal_groups;
+    }
+    ++c.tokens;
+  }
+  return c;
+}
+
+std::string nvfp4_scale_warning(KvFormat format, const Nvfp4ScaleCheck& c, float outer_scale) {
+  if (!c.degraded()) return {};
+  return fmt::format(
+      "{} at outer scale {}: {} of {} group scales ({} tokens) fell into e4m3 subnormals (max |latent| {:.4g}); "
+      "an outer scale s_l = {:.6g} (max_abs / 2688; `mlakv calibrate`, docs/calibration.md) fixes it",
+      format_name(format), outer_scale, c.subnormal_groups, c.groups, c.tokens, c.max_abs,
+      c.suggested_outer_scale());
+}
+
+}  // namespace mlakv
+
+namespace mlakv {
+namespace {
+
+void put_u32(uint8_t* p, uint32_t v) {
+  for (int i = 0; i < 4; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
+}
+void put_u64(uint8_t* p, uint64_t v) {
+  for (int i = 0; i < 8; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
+}
+uint32_t get_u32(const uint8_t* p) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(p[i]) << (8 * i);
+  return v;
+}
+uint64_t get_u64(const uint8_t* p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(p[i]) << (8 * i);
+  return v;
+}
+
+}  // namespace
+
+StatusOr<std::vector<uint8_t>> record_file_header(const CodecParams& p, int64_t tokens) {
+  namespace R = layout::record_file;
+  MLAKV_ASSIGN_OR_RETURN(const int rb, codec_record_bytes(p));
+  if (tokens < 0) return invalid_argument(fmt::format("record file: tokens must be >= 0, got {}", tokens));
+  std::vector<uint8_t> h(R::kHeaderBytes, 0);
+  std::memcpy(h.data() + R::kMagicOffset, R::kMagic, sizeof(R::kMagic));
+  put_u32(h.data() + R::kVersionOffset, R::kVersion);
+  put_u32(h.data() + R::kHeaderBytesOffset, R::kHeaderBytes);
+  put_u32(h.data() + R::kFormatOffset, static_cast<uint32_t>(p.format));
+  put_u32(h.data() + R::kRecordBytesOffset, static_cast<uint32_t>(rb));
+  put_u32(h.data() + R::kOuterScaleOffset, f32_bits(p.outer_scale));
+  put_u32(h.data() + R::kFp8ScalesOffset, static_cast<uint32_t>(p.fp8_scales));
+  put_u64(h.data() + R::kTokensOffset, static_cast<uint64_t>(tokens));
+  put_u32(h.data() + R::kLatentDimOffset, static_cast<uint32_t>(p.latent_dim));
+  put_u32(h.data() + R::kRopeDimOffset, static_cast<uint32_t>(p.rope_dim));
+  return h;
+}
+
+bool is_record_file(std::span<const uint8_t> file) {
+  namespace R = layout::record_file;
+  return file.size() >= sizeof(R::kMagic) && std::memcmp(file.data(), R::kMagic, sizeof(R::kMagic)) == 0;
+}
+
+StatusOr<RecordFileInfo> parse_record_file(std::span<const uint8_t> file, std::string_view source) {
+  namespace R = layout::record_file;
+  if (!is_record_file(file)) return data_loss(fmt::format("{}: not an mlakv record file (no MLAKVREC magic)", source));
+  if (file.size() < static_cast<std::size_t>(R::kHeaderBytes)) {
+    return data_loss(fmt::format("{}: {} B is shorter than the {} B record-file header", source, file.size(),
+                                 R::kHeaderBytes));
+  }
+  const uint8_t* h = file.data();
+  const uint32_t version = get_u32(h + R::kVersionOffset);
+  if (version != R::kVersion) {
+    return data_loss(fmt::format("{}: record-file version {} (this mlakv reads version {})", source, version,
+                                 R::kVersion));
+  }
+  const uint32_t header = get_u32(h + R::kHeaderBytesOffset);
+  if (header != static_cast<uint32_t>(R::kHeaderBytes)) {
+    return data_loss(fmt::format("{}: header size {} (version 1 has {})", source, header, R::kHeaderBytes));
+  }
+  const uint32_t fid = get_u32(h + R::kFormatOffset);
+  if (fid >= static_cast<uint32_t>(kNumKvFormats)) {
+    return data_loss(fmt::format("{}: header field 'format' is {}, not a known format id", source, fid));
+  }
+  RecordFileInfo info;
+  info.params.format = static_cast<KvFormat>(fid);
+  info.params.outer_scale = f32_from_bits(get_u32(h + R::kOuterScaleOffset));
+  const uint32_t mode = get_u32(h + R::kFp8ScalesOffset);
+  if (mode > 1) return data_loss(fmt::format("{}: header field 'fp8_scales' is {} (0 or 1)", source, mode));
+  info.params.fp8_scales = static_cast<Fp8ScaleMode>(mode);
+  info.params.latent_dim = static_cast<int>(get_u32(h + R::kLatentDimOffset));
+  info.params.rope_dim = static_cast<int>(get_u32(h + R::kRopeDimOffset));
+  StatusOr<int> rb = codec_record_bytes(info.params);
+  if (!rb.ok()) return data_loss(fmt::format("{}: header: {}", source, rb.status().message()));
+  const uint32_t stored_rb = get_u32(h + R::kRecordBytesOffset);
+  if (stored_rb != static_cast<uint32_t>(*rb)) {
+    return data_loss(fmt::format("{}: header says {} B records, but {} records are {} B", source, stored_rb,
+                                 format_name(info.params.format), *rb));
+  }
+  const uint64_t tokens = get_u64(h + R::kTokensOffset);
+  const uint64_t body = file.size() - static_cast<std::size_t>(R::kHeaderBytes);
+  if (tokens > body / static_cast<uint64_t>(*rb) || tokens * static_cast<uint64_t>(*rb) != body) {
+    return data_loss(fmt::format("{}: header says {} tokens of {} B, but {} B of records follow it", source, tokens,
+                                 *rb, body));
+  }
+  info.tokens = static_cast<int64_t>(tokens);
+  info.data_offset = R::kHeaderBytes;
+  return info;
 }
 
 }  // namespace mlakv

@@ -37,16 +37,31 @@ constexpr RecordRegion kNvfp4Fp8RopeRegions[] = {
 
 const std::array<FormatInfo, kNumKvFormats> kFormats = {{
     {KvFormat::kBf16, "bf16", L::bf16::kRecordBytes, false,
-     "unquantized bf16 latent and rope", kBf16Regions},
+     "unquantized bf16 latent and rope", kBf16Regions, "auto (with a bf16 model) or bfloat16"},
     {KvFormat::kFp8DsMla, "fp8_ds_mla", L::fp8_ds_mla::kRecordBytes, false,
-     "fp8 e4m3 latent with 4 fp32 tile scales, bf16 rope (FlashMLA / vLLM fp8_ds_mla)", kFp8Regions},
+     "fp8 e4m3 latent with 4 fp32 tile scales, bf16 rope (FlashMLA / vLLM fp8_ds_mla)", kFp8Regions,
+     "fp8_ds_mla (vLLM resolves fp8 to it on its sparse FlashMLA backends)"},
     {KvFormat::kNvfp4DsMla, "nvfp4_ds_mla", L::nvfp4_ds_mla::kRecordBytes, true,
-     "e2m1 latent with 32 e4m3 group scales and a per-layer outer scale, bf16 rope", kNvfp4Regions},
+     "e2m1 latent with 32 e4m3 group scales and a per-layer outer scale, bf16 rope", kNvfp4Regions,
+     "nvfp4_ds_mla (local-inference-lab vLLM fork; scales file in VLLM_NVFP4_MLA_SCALES_FILE)"},
     {KvFormat::kNvfp4DsMlaFp8Rope, "nvfp4_ds_mla_fp8rope", L::nvfp4_ds_mla_fp8rope::kRecordBytes, true,
-     "nvfp4_ds_mla latent with e4m3 rope and one fp32 rope scale", kNvfp4Fp8RopeRegions},
+     "nvfp4_ds_mla latent with e4m3 rope and one fp32 rope scale", kNvfp4Fp8RopeRegions,
+     "nvfp4_ds_mla with KV_FP8_ROPE=1 (local-inference-lab vLLM fork)"},
 }};
 
+constexpr RecordRegion kIndexerRegions[] = {
+    {0, L::indexer::kKeyDim, "128 x fp8 e4m3 key (rope dims [0, 64) first, then nope)"},
+    {L::indexer::kKeyDim, 4, "fp32 key scale, max(amax, 1e-4) / 448 rounded up to a power of two"},
+};
+const IndexerRecordInfo kIndexer = {
+    "dsa_indexer_key", L::indexer::kRecordBytes,
+    "DSA lightning-indexer key cache, one per token per indexer layer; vLLM stores a block's keys first, "
+    "then its scales",
+    kIndexerRegions};
+
 }  // namespace
+
+const IndexerRecordInfo& indexer_record_info() { return kIndexer; }
 
 const FormatInfo& format_info(KvFormat f) { return kFormats[static_cast<std::size_t>(f)]; }
 std::span<const FormatInfo> all_formats() { return kFormats; }

@@ -2,7 +2,7 @@
 // decoder layer (MLA attention over the paged or the float32 reference cache, dense MLP
 // or MoE), final norm and lm_head.
 //
-// MLA attention per layer (REFERENCE.md section 1), absorbed as the cache requires:
+// MLA attention per layer (docs/reference.md section 1), absorbed as the cache requires:
 //   q      = q_b(rmsnorm(q_a(x)))  or  q_proj(x)                         [T, H, P+R]
 //   [c | k_pe] = kv_a(x);  latent = rmsnorm(c);  k_rot = rope(k_pe)      [T, L], [T, R]
 //   q_lat[h] = q_nope[h] @ W_UK[h]    (W_UK[h] = kv_b rows h(P+V) .. h(P+V)+P, [P, L])

@@ -39,7 +39,7 @@
 // * Softmax scale, yarn_apply_mscale (deepseek_v2/v3/v32, glm4_moe_lite, glm_moe_dsa,
 //   minicpm3): qk_head_dim^-0.5, multiplied by get_mscale(factor, mscale_all_dim)^2
 //   when rope_type is not "default" and mscale_all_dim is non-zero. This confirms
-//   REFERENCE section 1: softmax_scale = (P+R)^-0.5 * m^2, m = 0.1*mscale_all_dim*ln(factor)+1.
+//   docs/reference.md section 1: softmax_scale = (P+R)^-0.5 * m^2, m = 0.1*mscale_all_dim*ln(factor)+1.
 //   vLLM applies the same term for its deepseek_yarn type.
 // * Absent keys take the 5.23 config-class defaults (kTypeDefaults below). Notably:
 //   DeepseekV3Config.num_mtp_layers = 1 (serialized as num_nextn_predict_layers);
@@ -48,7 +48,7 @@
 //   indexer, "shared" reuses the previous layer's top-k); else index_topk_pattern (an
 //   'F'/'S' string or a list); else layer i is full iff
 //   max(i - index_skip_topk_offset + 1, 0) % index_topk_freq == 0 (defaults 2 and 1).
-//   The MTP layer keeps its own indexer cache: REFERENCE section 5 counts 21 + 1 for
+//   The MTP layer keeps its own indexer cache: docs/reference.md section 5 counts 21 + 1 for
 //   GLM-5.2.
 //
 // Also accepted: vLLM's rope type name "deepseek_yarn", read as "yarn".
@@ -410,6 +410,7 @@ StatusOr<ModelConfig> parse(std::string_view text, std::string_view source) {
     c.rope.interleaved = ri.value_or(true);
   }
   MLAKV_ASSIGN_OR_RETURN(std::optional<int> max_pos, f.opt_positions("max_position_embeddings"));
+  c.max_position_embeddings = max_pos.value_or(td != nullptr ? td->max_position_embeddings : 0);
   MLAKV_RETURN_IF_ERROR(
       read_rope(*j, f, max_pos.value_or(td != nullptr ? td->max_position_embeddings : 4096), c.qk_rope_head_dim,
                 c.rope));

@@ -1,5 +1,5 @@
 // Dense SwiGLU MLP, MoE block, RMSNorm and biased linear of the model runner
-// (src/model/model_impl.h; REFERENCE.md section 11).
+// (src/model/model_impl.h; docs/reference.md section 11).
 #include <algorithm>
 #include <cmath>
 

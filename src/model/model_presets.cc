@@ -1,7 +1,7 @@
-// Model presets: geometries from each model's published config.json (see
-// ../shared/REFERENCE.md section 2) and the deployment `mlakv plan` assumes when the
-// user gives none. Reserved memory = weight bytes per GPU + ~4 GiB for activations,
-// CUDA graphs and the allocator's slack, unless the note says otherwise.
+// Model presets: geometries from each model's published config.json (docs/reference.md
+// section 2) and the deployment `mlakv plan` assumes when the user gives none. Reserved
+// memory = weight bytes per GPU + ~4 GiB for activations, CUDA graphs and the
+// allocator's slack: weight_gib (the whole checkpoint) = (reserved_gib - 4) * tp.
 #include <array>
 #include <cmath>
 
@@ -51,6 +51,17 @@ ModelConfig mla(std::string name, std::string type, int d, int layers, int mtp, 
   return c;
 }
 
+ModelConfig ctx(ModelConfig c, int max_position_embeddings) {
+  c.max_position_embeddings = max_position_embeddings;
+  return c;
+}
+
+DeploymentDefaults deploy(int gpus, double gpu_mem, double reserved, std::string_view note) {
+  DeploymentDefaults d{gpus, gpu_mem, gpus, 1, 0.9, reserved, note};
+  d.weight_gib = (reserved - d.activation_gib) * gpus;
+  return d;
+}
+
 ModelConfig with_indexer(ModelConfig c, int layers, int heads, int dim, int topk) {
   c.indexer_layers = layers;
   c.index_n_heads = heads;
@@ -62,32 +73,40 @@ ModelConfig with_indexer(ModelConfig c, int layers, int heads, int dim, int topk
 const std::array<ModelPreset, 7>& presets() {
   static const std::array<ModelPreset, 7> kPresets = {{
       {"deepseek-v2-lite",
-       mla("deepseek-v2-lite", "deepseek_v2", 2048, 27, 0, 16, 0, 128, 128, yarn(10000, 40, 0.707, 0.707), 1e-6),
-       {1, 80.0, 1, 1, 0.9, 33.0, "1 x 80 GiB, bf16 weights (15.7B params = 29.2 GiB) + 4 GiB"}},
+       ctx(mla("deepseek-v2-lite", "deepseek_v2", 2048, 27, 0, 16, 0, 128, 128, yarn(10000, 40, 0.707, 0.707), 1e-6),
+           163840),
+       deploy(1, 80.0, 33.0, "1 x 80 GiB, bf16 weights (15.7B params = 29 GiB) + 4 GiB")},
       {"deepseek-v3",
-       mla("deepseek-v3", "deepseek_v3", 7168, 61, 1, 128, 1536, 128, 128, yarn(10000, 40, 1.0, 1.0), 1e-6),
-       {8, 140.0, 8, 1, 0.9, 84.0, "8 x H200 (140 GiB), fp8 weights (~690 GB / 8 = 80 GiB) + 4 GiB"}},
+       ctx(mla("deepseek-v3", "deepseek_v3", 7168, 61, 1, 128, 1536, 128, 128, yarn(10000, 40, 1.0, 1.0), 1e-6),
+           163840),
+       deploy(8, 140.0, 84.0, "8 x H200 (140 GiB), fp8 weights (~687 GB = 640 GiB / 8 = 80 GiB) + 4 GiB")},
       {"deepseek-v3.2",
-       with_indexer(mla("deepseek-v3.2", "deepseek_v32", 7168, 61, 1, 128, 1536, 128, 128,
-                        yarn(10000, 40, 1.0, 1.0), 1e-6),
-                    62, 64, 128, 2048),
-       {8, 140.0, 8, 1, 0.9, 84.0, "8 x H200 (140 GiB), fp8 weights (~690 GB / 8 = 80 GiB) + 4 GiB"}},
+       ctx(with_indexer(mla("deepseek-v3.2", "deepseek_v32", 7168, 61, 1, 128, 1536, 128, 128,
+                            yarn(10000, 40, 1.0, 1.0), 1e-6),
+                        62, 64, 128, 2048),
+           163840),
+       deploy(8, 140.0, 84.0, "8 x H200 (140 GiB), fp8 weights (~687 GB = 640 GiB / 8 = 80 GiB) + 4 GiB")},
       {"kimi-k2",
-       mla("kimi-k2", "kimi_k2", 7168, 61, 0, 64, 1536, 128, 128, yarn(50000, 32, 1.0, 1.0, 1.0, 1.0), 1e-6),
-       {16, 140.0, 16, 1, 0.9, 64.0, "16 x H200 (140 GiB), fp8 weights (~1.03 TB / 16 = 60 GiB) + 4 GiB"}},
+       ctx(mla("kimi-k2", "kimi_k2", 7168, 61, 0, 64, 1536, 128, 128, yarn(50000, 32, 1.0, 1.0, 1.0, 1.0), 1e-6),
+           131072),
+       deploy(16, 140.0, 64.0, "16 x H200 (140 GiB), fp8 weights (~1.03 TB = 960 GiB / 16 = 60 GiB) + 4 GiB")},
       {"glm-4.7-flash",
-       mla("glm-4.7-flash", "glm4_moe_lite", 2048, 47, 0, 20, 768, 192, 256, plain(1e6), 1e-5),
-       {1, 140.0, 1, 1, 0.9, 60.0, "1 x H200 (140 GiB), bf16 weights (~30B params = 56 GiB) + 4 GiB"}},
+       ctx(mla("glm-4.7-flash", "glm4_moe_lite", 2048, 47, 0, 20, 768, 192, 256, plain(1e6), 1e-5), 202752),
+       deploy(1, 140.0, 60.0, "1 x H200 (140 GiB), bf16 weights (~30B params = 56 GiB) + 4 GiB")},
       {"glm-5",
-       with_indexer(mla("glm-5", "glm_moe_dsa", 6144, 78, 1, 64, 2048, 192, 256, plain(1e6), 1e-5), 79, 32, 128,
-                    2048),
-       {8, 140.0, 8, 1, 0.9, 90.6, "8 x H200 (140 GiB), fp8 weights (~744 GB / 8 = 86.6 GiB) + 4 GiB"}},
+       ctx(with_indexer(mla("glm-5", "glm_moe_dsa", 6144, 78, 1, 64, 2048, 192, 256, plain(1e6), 1e-5), 79, 32,
+                        128, 2048),
+           202752),
+       deploy(8, 140.0, 90.6, "8 x H200 (140 GiB), fp8 weights (~744 GB = 692.8 GiB / 8 = 86.6 GiB) + 4 GiB")},
       {"glm-5.2",
-       with_indexer(mla("glm-5.2", "glm_moe_dsa", 6144, 78, 1, 64, 2048, 192, 256, plain(1e6), 1e-5), 22, 32, 128,
-                    2048),
-       {4, 96.0, 4, 1, 0.9, 67.4,
-        "4 x 96 GiB, the published deployment (REFERENCE section 5); reserved chosen so the KV share "
-        "(86.4 - 67.4 = 19.0 GiB) matches its published ~373k-token fp8 pool"}},
+       // max_position_embeddings as GLM-5, whose shape GLM-5.2 keeps (docs/reference.md section 2).
+       ctx(with_indexer(mla("glm-5.2", "glm_moe_dsa", 6144, 78, 1, 64, 2048, 192, 256, plain(1e6), 1e-5), 22, 32,
+                        128, 2048),
+           202752),
+       deploy(4, 96.0, 67.4,
+              "4 x 96 GiB, the published deployment (docs/reference.md section 5); reserved chosen so the KV "
+              "share (86.4 - 67.4 = 19.0 GiB) matches its published ~373k-token fp8 pool, i.e. 63.4 GiB of "
+              "weights per GPU (253.6 GiB in all)")},
   }};
   return kPresets;
 }

@@ -1,4 +1,4 @@
-// MoE routing exactly as transformers 5 does it (REFERENCE.md section 11; checked
+// MoE routing exactly as transformers 5 does it (docs/reference.md section 11; checked
 // against transformers 5.17 modeling_deepseek_v2.py / modeling_deepseek_v3.py and
 // modeling_glm4_moe_lite.py, facts only):
 //

@@ -2,7 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
+#include <string>
 
 namespace mlakv {
 
@@ -28,6 +30,16 @@ StatusOr<PlanResult> plan_capacity(const ModelConfig& m, const PlanParams& p) {
     return invalid_argument(fmt::format("reserved must be >= 0 GiB, got {}", p.reserved_gib));
   }
   if (p.block_size <= 0) return invalid_argument(fmt::format("block-size must be > 0, got {}", p.block_size));
+  if (!(p.weight_gib >= 0) || !std::isfinite(p.weight_gib)) {
+    return invalid_argument(fmt::format("weight GiB must be >= 0, got {}", p.weight_gib));
+  }
+  if (p.max_model_len < 0) {
+    return invalid_argument(fmt::format("max-model-len must be >= 0, got {}", p.max_model_len));
+  }
+  if (p.max_model_len > 0 && m.max_position_embeddings > 0 && p.max_model_len > m.max_position_embeddings) {
+    return invalid_argument(fmt::format("max-model-len {} exceeds the model's max_position_embeddings {}",
+                                        p.max_model_len, m.max_position_embeddings));
+  }
 
   PlanResult r;
   r.record_bytes = record_bytes(p.format, m.kv_lora_rank, m.qk_rope_head_dim);
@@ -36,24 +48,40 @@ StatusOr<PlanResult> plan_capacity(const ModelConfig& m, const PlanParams& p) {
         "format {} needs kv_lora_rank 512 and qk_rope_head_dim 64; model {} has {} and {} (use bf16)",
         format_name(p.format), m.name, m.kv_lora_rank, m.qk_rope_head_dim));
   }
-  r.cache_layers = m.cache_layers();
-  r.indexer_layers = m.indexer_layers;
-  r.indexer_bytes_per_token = static_cast<int64_t>(m.indexer_layers) * layout::indexer::kRecordBytes;
+  r.cache_layers = p.include_mtp ? m.cache_layers() : m.num_layers;
+  // An MTP layer keeps its own indexer cache (the indexer count includes it).
+  r.indexer_layers = p.include_mtp ? m.indexer_layers : std::max(0, m.indexer_layers - m.num_mtp_layers);
+  r.indexer_bytes_per_token = static_cast<int64_t>(r.indexer_layers) * layout::indexer::kRecordBytes;
   r.bytes_per_token = static_cast<int64_t>(r.cache_layers) * r.record_bytes + r.indexer_bytes_per_token;
   r.block_bytes = r.bytes_per_token * p.block_size;
-  r.kv_gib_per_gpu = p.gpu_mem_gib * p.mem_util - p.reserved_gib;
+  r.weight_gib_per_gpu = p.weight_gib / p.tp;
+  r.reserved_gib_per_gpu = r.weight_gib_per_gpu + p.reserved_gib;
+  r.kv_gib_per_gpu = p.gpu_mem_gib * p.mem_util - r.reserved_gib_per_gpu;
   if (r.kv_gib_per_gpu <= 0) {
+    const std::string weights =
+        p.weight_gib > 0 ? fmt::format("weights {:.1f} GiB / tp {} = {:.2f} GiB per GPU + {} GiB other", p.weight_gib,
+                                       p.tp, r.weight_gib_per_gpu, p.reserved_gib)
+                         : fmt::format("reserved {} GiB per GPU", p.reserved_gib);
     return resource_exhausted(fmt::format(
-        "no memory left for the KV cache: {} GiB x mem-util {} = {:.2f} GiB, reserved {} GiB", p.gpu_mem_gib,
-        p.mem_util, p.gpu_mem_gib * p.mem_util, p.reserved_gib));
+        "does not fit: no memory left for the KV cache: {} GiB x mem-util {} = {:.2f} GiB usable per GPU, {}",
+        p.gpu_mem_gib, p.mem_util, p.gpu_mem_gib * p.mem_util, weights));
   }
   const double kv_bytes = r.kv_gib_per_gpu * 1024.0 * 1024.0 * 1024.0;
   r.blocks_per_gpu = static_cast<int64_t>(std::floor(kv_bytes / static_cast<double>(r.block_bytes)));
   r.tokens_per_gpu = r.blocks_per_gpu * p.block_size;
   r.replicas = p.gpus / p.tp;
   r.tokens_per_replica = r.tokens_per_gpu * p.dcp;
-  r.max_request_tokens = r.tokens_per_replica;
+  r.pool_request_tokens = r.tokens_per_replica;
+  r.max_model_len = p.max_model_len > 0 ? p.max_model_len : m.max_position_embeddings;
+  r.max_request_tokens =
+      r.max_model_len > 0 ? std::min<int64_t>(r.pool_request_tokens, r.max_model_len) : r.pool_request_tokens;
   r.total_tokens = r.tokens_per_replica * r.replicas;
+  r.concurrency_tokens = r.max_model_len > 0 ? r.max_model_len : r.pool_request_tokens;
+  if (r.concurrency_tokens > 0) {
+    const int64_t per_rank = (r.concurrency_tokens + p.dcp - 1) / p.dcp;
+    const int64_t blocks = (per_rank + p.block_size - 1) / p.block_size;
+    r.max_concurrency = static_cast<double>(r.blocks_per_gpu) / static_cast<double>(blocks);
+  }
   return r;
 }
 

@@ -14,7 +14,7 @@ multiplies kv_c_normed by a_l and leaves kv_b_proj(kv_c_normed), hence the model
 function, unchanged. a_l is chosen from max |kv_c_normed| measured on calibration
 text so that layer 0 lands at --lo and the last layer at --hi, geometrically spaced
 between (GLM-5.2's max |kv_c_normed| spans about 0.02 to 5.2 over its layers,
-shallow layers small: ../../shared REFERENCE section 4). A cache format with one
+shallow layers small: docs/reference.md section 4). A cache format with one
 fixed scale for every layer then meets very different magnitudes per layer, which
 is what calibration (nvfp4_ds_mla_outer_scale_v1) exists to fix.
 
