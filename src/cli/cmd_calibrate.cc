@@ -1,10 +1,15 @@
 // mlakv calibrate: NVFP4 outer scales (nvfp4_ds_mla_outer_scale_v1) from captured
-// kv_c_normed activations (docs/calibration.md).
+// kv_c_normed activations, or by running a model over calibration text (docs/calibration.md).
 #include <fmt/format.h>
 
 #include <filesystem>
 
 #include "cli/cli.h"
+#include "cli/model_input.h"
+#include "cli/progress.h"
+#include "core/file_io.h"
+#include "mlakv/eval.h"
+#include "mlakv/model.h"
 #include "mlakv/outer_scales.h"
 #include "mlakv/safetensors.h"
 
@@ -13,13 +18,85 @@ namespace {
 
 struct CalibrateArgs {
   std::vector<std::string> activations;
-  std::string out;
-  int num_layers = 0;
+  std::string out, model, text, tokens, plot;
+  int64_t context = 2048, windows = 8;
+  int num_layers = 0, threads = 0;
   bool json = false;
 };
 
+// --model DIR (--text FILE | --tokens FILE): windows cut as `mlakv eval` cuts them, the
+// float32-cache model run over them, max |kv_c_normed| per layer.
+StatusOr<OuterScales> calibrate_from_text(const CalibrateArgs& a, std::vector<int64_t>& tokens_per_layer) {
+  if (!a.activations.empty()) return invalid_argument("give either --activations or --model, not both");
+  if (a.text.empty() == a.tokens.empty()) return invalid_argument("--model needs exactly one of --text and --tokens");
+  if (a.threads < 0) return invalid_argument(fmt::format("--threads must be >= 0 (0 = all cores), got {}", a.threads));
+  MLAKV_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::load(a.model, ModelLoadOptions{.threads = a.threads}));
+  std::optional<Tokenizer> tok;
+  if (auto t = tokenizer_for(a.model, *model); t.ok()) tok = std::move(t).value();
+  else if (!a.text.empty()) return t.status();
+  MLAKV_ASSIGN_OR_RETURN(std::vector<int32_t> ids,
+                         input_tokens(a.text, a.tokens, tok ? &*tok : nullptr, model->vocab_size()));
+  const int64_t max_pos = model->config().max_position_embeddings;
+  if (max_pos > 0 && a.context > max_pos) {
+    return invalid_argument(fmt::format("--context {} exceeds the model's max_position_embeddings ({})", a.context,
+                                        max_pos));
+  }
+  if (a.num_layers != 0 && a.num_layers != model->num_layers()) {
+    return invalid_argument(fmt::format("--num-layers {}: the model has {} decoder layers", a.num_layers,
+                                        model->num_layers()));
+  }
+  MLAKV_RETURN_IF_ERROR(eval_windows(ids, a.context, a.windows).status());
+  Progress pr(fmt::format("calibrating: {} windows x {} tokens", a.windows, a.context), a.windows, !a.json);
+  MLAKV_ASSIGN_OR_RETURN(OuterScales s, calibrate_outer_scales(*model, ids, a.context, a.windows, 0,
+                                                               [&](std::string_view, int64_t d, int64_t) {
+                                                                 pr.update(d);
+                                                               }));
+  tokens_per_layer.assign(static_cast<std::size_t>(s.num_layers()), a.context * a.windows);
+  return s;
+}
+
+StatusOr<OuterScales> calibrate_from_captures(const CalibrateArgs& a, std::vector<int64_t>& tokens);
+
 Status run_calibrate(const CalibrateArgs& a) {
   if (a.num_layers < 0) return invalid_argument(fmt::format("--num-layers must be >= 0, got {}", a.num_layers));
+  if (a.activations.empty() && a.model.empty()) {
+    return invalid_argument("give captured activations (--activations FILE...) or a model and text (--model DIR --text FILE)");
+  }
+  std::vector<int64_t> tokens;
+  OuterScales s;
+  if (!a.model.empty()) {
+    MLAKV_ASSIGN_OR_RETURN(s, calibrate_from_text(a, tokens));
+  } else {
+    MLAKV_ASSIGN_OR_RETURN(s, calibrate_from_captures(a, tokens));
+  }
+  MLAKV_RETURN_IF_ERROR(write_outer_scales(a.out, s));
+  if (!a.plot.empty()) {
+    MLAKV_RETURN_IF_ERROR(io::write_file(a.plot, scale_profile_svg(s, fmt::format("outer scales: {}", a.out))));
+  }
+  if (a.json) {
+    nlohmann::json layers = nlohmann::json::array();
+    for (int l = 0; l < s.num_layers(); ++l) {
+      layers.push_back({{"layer", l},
+                        {"tokens", tokens[static_cast<std::size_t>(l)]},
+                        {"max_abs", s.max_abs[static_cast<std::size_t>(l)]},
+                        {"scale", s.scales[static_cast<std::size_t>(l)]}});
+    }
+    print_json({{"out", a.out},
+                {"format", std::string(kOuterScaleFileFormat)},
+                {"num_layers", s.num_layers()},
+                {"layers", layers}});
+    return Status::Ok();
+  }
+  fmt::print("{:>6}{:>10}{:>14}{:>14}\n", "layer", "tokens", "max |latent|", "scale");
+  for (int l = 0; l < s.num_layers(); ++l) {
+    fmt::print("{:>6}{:>10}{:>14.6g}{:>14.6g}\n", l, tokens[static_cast<std::size_t>(l)],
+               s.max_abs[static_cast<std::size_t>(l)], s.scales[static_cast<std::size_t>(l)]);
+  }
+  fmt::print("wrote {} ({} layers; layers past {} use 1.0)\n", a.out, s.num_layers(), s.num_layers() - 1);
+  return Status::Ok();
+}
+
+StatusOr<OuterScales> calibrate_from_captures(const CalibrateArgs& a, std::vector<int64_t>& tokens) {
   // The same capture twice would count its tokens twice and hide a missing one.
   for (std::size_t i = 0; i < a.activations.size(); ++i) {
     for (std::size_t j = 0; j < i; ++j) {
@@ -37,38 +114,27 @@ Status run_calibrate(const CalibrateArgs& a) {
     MLAKV_RETURN_IF_ERROR(cal.add_capture(*f).status());
   }
   MLAKV_ASSIGN_OR_RETURN(OuterScales s, cal.finish(a.num_layers));
-  MLAKV_RETURN_IF_ERROR(write_outer_scales(a.out, s));
-  if (a.json) {
-    nlohmann::json layers = nlohmann::json::array();
-    for (int l = 0; l < s.num_layers(); ++l) {
-      layers.push_back({{"layer", l},
-                        {"tokens", cal.tokens()[static_cast<std::size_t>(l)]},
-                        {"max_abs", s.max_abs[static_cast<std::size_t>(l)]},
-                        {"scale", s.scales[static_cast<std::size_t>(l)]}});
-    }
-    print_json({{"out", a.out},
-                {"format", std::string(kOuterScaleFileFormat)},
-                {"num_layers", s.num_layers()},
-                {"layers", layers}});
-    return Status::Ok();
-  }
-  fmt::print("{:>6}{:>10}{:>14}{:>14}\n", "layer", "tokens", "max |latent|", "scale");
-  for (int l = 0; l < s.num_layers(); ++l) {
-    fmt::print("{:>6}{:>10}{:>14.6g}{:>14.6g}\n", l, cal.tokens()[static_cast<std::size_t>(l)],
-               s.max_abs[static_cast<std::size_t>(l)], s.scales[static_cast<std::size_t>(l)]);
-  }
-  fmt::print("wrote {} ({} layers; layers past {} use 1.0)\n", a.out, s.num_layers(), s.num_layers() - 1);
-  return Status::Ok();
+  tokens = cal.tokens();
+  tokens.resize(static_cast<std::size_t>(s.num_layers()), 0);
+  return s;
 }
 
 }  // namespace
 
 void add_calibrate_command(Cli& cli) {
   auto a = std::make_shared<CalibrateArgs>();
-  auto* cmd = cli.app.add_subcommand("calibrate", "NVFP4 outer scales from captured kv_c_normed activations");
+  auto* cmd = cli.app.add_subcommand(
+      "calibrate", "NVFP4 outer scales from captured kv_c_normed activations, or from a model run over text");
   cmd->add_option("--activations", a->activations,
-                  "safetensors capture(s) holding layers.<i>.kv_c_normed [T, 512] (repeatable)")
-      ->required();
+                  "safetensors capture(s) holding layers.<i>.kv_c_normed [T, 512] (repeatable)");
+  cmd->add_option("--model", a->model, "or: run this checkpoint directory over calibration text");
+  cmd->add_option("--text", a->text, "calibration text (with --model), tokenized with the model's tokenizer");
+  cmd->add_option("--tokens", a->tokens, "calibration tokens (with --model): little-endian int32 ids");
+  cmd->add_option("--context", a->context, "tokens per calibration window (with --model)")->capture_default_str();
+  cmd->add_option("--windows", a->windows, "calibration windows (with --model), cut as mlakv eval cuts them")
+      ->capture_default_str();
+  cmd->add_option("--threads", a->threads, "CPU threads (with --model; 0 = all cores)")->capture_default_str();
+  cmd->add_option("--plot", a->plot, "write an SVG of the per-layer profile");
   cmd->add_option("--out", a->out, "Scale file to write (nvfp4_ds_mla_outer_scale_v1 JSON)")->required();
   cmd->add_option("--num-layers", a->num_layers, "Layers the file covers (0 = one past the highest captured)")
       ->capture_default_str();

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "cli/cli.h"
+#include "cli/model_input.h"
 #include "cli/progress.h"
 #include "core/file_io.h"
 #include "mlakv/eval.h"
@@ -20,37 +21,6 @@ namespace mlakv::cli {
 namespace {
 
 namespace fs = std::filesystem;
-
-constexpr uint64_t kMaxTextBytes = uint64_t{1} << 30;
-
-StatusOr<Tokenizer> tokenizer_for(const std::string& dir, const Model& model) {
-  if (fs::exists(fs::path(dir) / "tokenizer.json")) return Tokenizer::load(dir);
-  if (model.vocab_size() == 256) return Tokenizer::byte_level();
-  return not_found(fmt::format("{}: no tokenizer.json, and the vocabulary ({} ids) is not byte-level; "
-                               "give pre-tokenized input with --tokens FILE",
-                               dir, model.vocab_size()));
-}
-
-StatusOr<std::vector<int32_t>> input_tokens(const std::string& text_path, const std::string& tokens_path,
-                                            const Tokenizer* tok, int32_t vocab) {
-  if (!tokens_path.empty()) return read_token_file(tokens_path, vocab);
-  MLAKV_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, io::read_file(text_path));
-  if (bytes.size() > kMaxTextBytes) return invalid_argument(fmt::format("{}: larger than 1 GiB", text_path));
-  if (bytes.empty()) return invalid_argument(fmt::format("{}: the text is empty", text_path));
-  if (!tok) return invalid_argument("--text needs a tokenizer (the model directory has none): use --tokens");
-  MLAKV_ASSIGN_OR_RETURN(std::vector<int32_t> ids,
-                         tok->encode(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), false));
-  return ids;
-}
-
-StatusOr<int64_t> max_position(const std::string& dir) {
-  MLAKV_ASSIGN_OR_RETURN(std::vector<uint8_t> cfg, io::read_file((fs::path(dir) / "config.json").string()));
-  const auto j = nlohmann::json::parse(cfg.begin(), cfg.end(), nullptr, false);
-  if (j.is_object() && j.contains("max_position_embeddings") && j["max_position_embeddings"].is_number_integer()) {
-    return j["max_position_embeddings"].get<int64_t>();
-  }
-  return int64_t{0};
-}
 
 struct EvalArgs {
   std::string model, text, tokens, formats = "bf16,fp8_ds_mla,nvfp4_ds_mla,nvfp4_ds_mla_fp8rope", scales, plot;
@@ -87,7 +57,7 @@ Status run_eval(const EvalArgs& a) {
   else if (!a.text.empty() || a.needle > 0) return t.status();
   MLAKV_ASSIGN_OR_RETURN(std::vector<int32_t> ids, input_tokens(a.text, a.tokens, tok ? &*tok : nullptr,
                                                                 model->vocab_size()));
-  MLAKV_ASSIGN_OR_RETURN(int64_t max_pos, max_position(a.model));
+  const int64_t max_pos = model->config().max_position_embeddings;
   if (max_pos > 0 && a.context > max_pos) {
     return invalid_argument(fmt::format("--context {} exceeds the model's max_position_embeddings ({})", a.context,
                                         max_pos));
@@ -236,7 +206,7 @@ Status run_generate(const GenArgs& a) {
   MLAKV_ASSIGN_OR_RETURN(Tokenizer tok, tokenizer_for(a.model, *model));
   MLAKV_ASSIGN_OR_RETURN(std::vector<int32_t> prompt, tok.encode(a.prompt, true));
   if (prompt.empty()) return invalid_argument("--prompt: the prompt encodes to no tokens");
-  MLAKV_ASSIGN_OR_RETURN(int64_t max_pos, max_position(a.model));
+  const int64_t max_pos = model->config().max_position_embeddings;
   if (max_pos > 0 && static_cast<int64_t>(prompt.size()) + a.max_tokens > max_pos) {
     return invalid_argument(fmt::format("prompt ({} tokens) + --max-tokens {} exceed max_position_embeddings ({})",
                                         prompt.size(), a.max_tokens, max_pos));
