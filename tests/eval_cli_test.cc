@@ -1,0 +1,165 @@
+// mlakv eval / generate / reparam / calibrate --model from the command line: the output on
+// a tiny fixture model, and every bad input giving `error: ...` that names the problem with
+// no output file left behind.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <random>
+#include <vector>
+
+#include "support/cli_run.h"
+
+namespace mlakv {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::CliFixture;
+
+const std::string kTiny = std::string(MLAKV_TEST_DATA_DIR) + "/model_parity/v3_moe";  // vocab 96, 2 layers
+
+class EvalCli : public CliFixture {
+ protected:
+  // n random ids below 96 as a --tokens file.
+  std::string tokens(int n, uint64_t seed = 3) {
+    std::mt19937_64 rng(seed);
+    std::vector<int32_t> t(static_cast<std::size_t>(n));
+    for (auto& x : t) x = static_cast<int32_t>(rng() % 96);
+    const std::string p = path("tokens.bin");
+    spit(p, t.data(), t.size() * sizeof(int32_t));
+    return p;
+  }
+};
+
+TEST_F(EvalCli, JsonHasEveryFormatAndTheReference) {
+  const std::string tk = tokens(4 * 32);
+  const auto r = run("eval --model " + kTiny + " --tokens " + tk +
+                     " --context 32 --windows 2 --scales auto --calib-windows 2 --json --plot " + path("p.svg"));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_GT(j["reference"]["ppl"].get<double>(), 1.0);
+  // 4 formats + calibrated rows for the two nvfp4 formats.
+  ASSERT_EQ(j["formats"].size(), 6u);
+  for (const auto& row : j["formats"]) {
+    for (const char* k : {"format", "scales", "kld_mean", "kld_p99", "top1_agree", "ppl", "needle_found", "needle_total"}) {
+      EXPECT_TRUE(row.contains(k)) << k;
+    }
+    EXPECT_GT(row["kld_mean"].get<double>(), 0.0) << row["format"];  // every format rounds the cache
+  }
+  EXPECT_TRUE(fs::exists(path("p.svg")));
+}
+
+TEST_F(EvalCli, TooShortInputNamesWhatIsNeeded) {
+  const std::string tk = tokens(50);
+  const auto r = run("eval --model " + kTiny + " --tokens " + tk + " --context 32 --windows 2 --plot " + path("p.svg"));
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("error: the input has 50 tokens"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("need 64"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(path("p.svg")));
+}
+
+TEST_F(EvalCli, BadInputs) {
+  const std::string tk = tokens(64);
+  auto r = run("eval --model " + kTiny + " --tokens " + tk + " --context 32 --windows 1 --formats bf16,fp9");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("unknown format 'fp9'"), std::string::npos) << r.err;
+  r = run("eval --model " + path("nowhere") + " --tokens " + tk);
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("error:"), std::string::npos);
+  EXPECT_NE(r.err.find("nowhere"), std::string::npos) << r.err;
+  // A token id outside the vocabulary.
+  std::vector<int32_t> bad = {1, 2, 500};
+  spit(path("bad.bin"), bad.data(), bad.size() * 4);
+  r = run("eval --model " + kTiny + " --tokens " + path("bad.bin") + " --context 2 --windows 1");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("500"), std::string::npos) << r.err;
+  // Empty text; no tokenizer in the fixture directory for --text.
+  spit(path("empty.txt"), "", 0);
+  r = run("eval --model " + kTiny + " --text " + path("empty.txt"));
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("error:"), std::string::npos);
+  // --context past max_position_embeddings (256).
+  r = run("eval --model " + kTiny + " --tokens " + tokens(1024) + " --context 512 --windows 1");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("max_position_embeddings"), std::string::npos) << r.err;
+}
+
+TEST_F(EvalCli, AConfigTheRunnerCannotRun) {
+  fs::create_directories(path("m"));
+  fs::copy_file(kTiny + "/model.safetensors", path("m/model.safetensors"));
+  std::string cfg = slurp(kTiny + "/config.json");
+  const auto j = nlohmann::json::parse(cfg);
+  auto k = j;
+  k["model_type"] = "llama";
+  const std::string s = k.dump();
+  spit(path("m/config.json"), s.data(), s.size());
+  const auto r = run("eval --model " + path("m") + " --tokens " + tokens(64) + " --context 32 --windows 1");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("llama"), std::string::npos) << r.err;
+}
+
+// Missing tensors and wrong shapes are model_load_test's; here the CLI path of a damaged file.
+TEST_F(EvalCli, TruncatedCheckpointIsNamed) {
+  fs::create_directories(path("m"));
+  fs::copy_file(kTiny + "/config.json", path("m/config.json"));
+  const std::string st = slurp(kTiny + "/model.safetensors");
+  spit(path("m/model.safetensors"), st.data(), st.size() / 2);
+  const auto r = run("eval --model " + path("m") + " --tokens " + tokens(64) + " --context 32 --windows 1");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("model.safetensors"), std::string::npos) << r.err;
+}
+
+TEST_F(EvalCli, GenerateReportsSpeedAndRefusesBadFormats) {
+  auto r = run("generate --model " + kTiny + " --prompt x --format fp9");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("fp9"), std::string::npos) << r.err;
+  // The fixture has no tokenizer.json and a 96-id vocabulary: --prompt cannot be encoded.
+  r = run("generate --model " + kTiny + " --prompt hello");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("tokenizer"), std::string::npos) << r.err;
+}
+
+TEST_F(EvalCli, CalibrateFromTokensEqualsTheLibrary) {
+  const std::string tk = tokens(2 * 32);
+  const auto r = run("calibrate --model " + kTiny + " --tokens " + tk + " --context 32 --windows 2 --out " +
+                     path("s.json") + " --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["num_layers"].get<int>(), 2);
+  for (const auto& l : j["layers"]) {
+    EXPECT_DOUBLE_EQ(l["scale"].get<double>(), l["max_abs"].get<double>() / 2688.0);
+  }
+  // Too little text: error, no scale file.
+  const auto bad = run("calibrate --model " + kTiny + " --tokens " + tk + " --context 32 --windows 3 --out " +
+                       path("t.json"));
+  EXPECT_EQ(bad.rc, 1);
+  EXPECT_NE(bad.err.find("need 96"), std::string::npos) << bad.err;
+  EXPECT_FALSE(fs::exists(path("t.json")));
+}
+
+TEST_F(EvalCli, ReparamPreservesTheFunction) {
+  const std::string tk = tokens(4 * 32);
+  auto r = run("reparam --model " + kTiny + " --out " + path("rp") + " --tokens " + tk +
+               " --context 32 --windows 2 --min 0.02 --max 5 --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["layers"].size(), 2u);
+  for (const auto& l : j["layers"]) {
+    const double f = l["factor"].get<double>();
+    EXPECT_EQ(std::exp2(std::round(std::log2(f))), f);  // a power of two
+  }
+  // Same logits (bf16 cache KLD against the same reference): eval on both directories.
+  const auto a = run("eval --model " + kTiny + " --tokens " + tk + " --context 32 --windows 2 --formats bf16 --json");
+  const auto b = run("eval --model " + path("rp") + " --tokens " + tk + " --context 32 --windows 2 --formats bf16 --json");
+  ASSERT_EQ(a.rc, 0) << a.err;
+  ASSERT_EQ(b.rc, 0) << b.err;
+  const double pa = nlohmann::json::parse(a.out)["reference"]["ppl"], pb = nlohmann::json::parse(b.out)["reference"]["ppl"];
+  EXPECT_NEAR(pa, pb, 1e-4 * pa);
+  // The output directory must not exist already.
+  r = run("reparam --model " + kTiny + " --out " + path("rp") + " --tokens " + tk + " --context 32 --windows 2");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("exists"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace mlakv
