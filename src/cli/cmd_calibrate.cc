@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "cli/cli.h"
+#include "mlakv/file_io.h"
 #include "mlakv/outer_scales.h"
 #include "mlakv/safetensors.h"
 
@@ -18,6 +19,9 @@ struct CalibrateArgs {
 
 Status run_calibrate(const CalibrateArgs& a) {
   if (a.num_layers < 0) return invalid_argument(fmt::format("--num-layers must be >= 0, got {}", a.num_layers));
+  for (const std::string& path : a.activations) {
+    MLAKV_RETURN_IF_ERROR(io::check_not_same_file(a.out, "--out", path, "--activations"));
+  }
   OuterScaleCalibrator cal;
   for (const std::string& path : a.activations) {
     MLAKV_ASSIGN_OR_RETURN(auto f, SafetensorsFile::open(path));

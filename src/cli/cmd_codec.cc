@@ -5,7 +5,7 @@
 #include <map>
 
 #include "cli/cli.h"
-#include "core/file_io.h"
+#include "mlakv/file_io.h"
 #include "mlakv/codec.h"
 
 namespace mlakv::cli {
@@ -38,7 +38,8 @@ StatusOr<CodecParams> to_params(const CodecArgs& a) {
 
 Status run_encode(const CodecArgs& a) {
   MLAKV_ASSIGN_OR_RETURN(CodecParams p, to_params(a));
-  MLAKV_ASSIGN_OR_RETURN(std::vector<uint8_t> in, io::read_file(a.in));
+  MLAKV_RETURN_IF_ERROR(io::check_not_same_file(a.out, "--out", a.in, "--in"));
+  MLAKV_ASSIGN_OR_RETURN(std::vector<uint8_t> in, io::read_file(a.in, io::kMaxRawInputBytes));
   constexpr std::size_t kRowBytes = 4 * kQkDim;
   if (in.size() % kRowBytes != 0) {
     return invalid_argument(fmt::format(
@@ -69,7 +70,8 @@ Status run_encode(const CodecArgs& a) {
 
 Status run_decode(const CodecArgs& a) {
   MLAKV_ASSIGN_OR_RETURN(CodecParams p, to_params(a));
-  MLAKV_ASSIGN_OR_RETURN(std::vector<uint8_t> in, io::read_file(a.in));
+  MLAKV_RETURN_IF_ERROR(io::check_not_same_file(a.out, "--out", a.in, "--in"));
+  MLAKV_ASSIGN_OR_RETURN(std::vector<uint8_t> in, io::read_file(a.in, io::kMaxRawInputBytes));
   const std::size_t rb = static_cast<std::size_t>(record_bytes(p.format));
   if (in.size() % rb != 0) {
     return invalid_argument(fmt::format("{}: size {} B is not a whole number of {} records ({} B); {} B left over",
