@@ -102,25 +102,28 @@ StatusOr<std::vector<uint8_t>> read_file(const std::string& path, std::size_t ma
     return resource_exhausted(fmt::format("{}: cannot allocate {} bytes to read it", q(path), f.size));
   }
   // Read until EOF, not just st_size bytes (a file may grow, /proc files report 0), but
-  // never past max_bytes.
+  // never past max_bytes. A full buffer is probed with one byte before it is grown, so a
+  // file of exactly st_size bytes is read with one allocation.
   std::size_t have = 0;
   for (;;) {
     if (have == data.size()) {
-      if (have >= max_bytes) {  // at the limit: one more byte means the file is too large
-        uint8_t probe;
-        const ssize_t n = ::read(f.fd, &probe, 1);
-        if (n == 0) break;
-        if (n > 0) {
-          return invalid_argument(fmt::format("{}: more than the {}-byte limit for this input", q(path), max_bytes));
-        }
+      uint8_t probe;
+      const ssize_t n = ::read(f.fd, &probe, 1);
+      if (n == 0) break;
+      if (n < 0) {
         if (errno == EINTR) continue;
         return io_error(fmt::format("{}: read failed: {}", q(path), std::strerror(errno)));
+      }
+      if (have >= max_bytes) {
+        return invalid_argument(fmt::format("{}: more than the {}-byte limit for this input", q(path), max_bytes));
       }
       try {
         data.resize(std::min(max_bytes, std::max<std::size_t>(data.size() * 2, 4096)));
       } catch (const std::bad_alloc&) {
         return resource_exhausted(fmt::format("{}: cannot allocate memory to read it", q(path)));
       }
+      data[have++] = probe;
+      continue;
     }
     const ssize_t n = ::read(f.fd, data.data() + have, data.size() - have);
     if (n < 0) {

@@ -109,17 +109,17 @@ Status parse_entry(std::string_view path, const std::string& name, const json& e
     uint64_t extent = 0;
     if (!as_u64((*sh)[d], extent) || extent > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
       return data_loss(fmt::format("{}: shape entry {} is {} (must be a non-negative integer)", where, d,
-                                   shown((*sh)[d].dump())));
+                                   json_util::shown((*sh)[d])));
     }
     const auto x = static_cast<int64_t>(extent);
     if (__builtin_mul_overflow(numel, x, &numel) || __builtin_mul_overflow(span, std::max<int64_t>(x, 1), &span)) {
-      return data_loss(fmt::format("{}: shape {} overflows 64-bit element counts", where, shown(sh->dump())));
+      return data_loss(fmt::format("{}: shape {} overflows 64-bit element counts", where, json_util::shown(*sh)));
     }
     out.shape.push_back(x);
   }
   uint64_t nbytes = 0;
   if (__builtin_mul_overflow(static_cast<uint64_t>(numel), static_cast<uint64_t>(dtype_size(out.dtype)), &nbytes)) {
-    return data_loss(fmt::format("{}: shape {} x {} bytes overflows 64 bits", where, shown(sh->dump()),
+    return data_loss(fmt::format("{}: shape {} x {} bytes overflows 64 bits", where, json_util::shown(*sh),
                                  dtype_size(out.dtype)));
   }
 
@@ -127,7 +127,7 @@ Status parse_entry(std::string_view path, const std::string& name, const json& e
   if (off == e.end()) return data_loss(fmt::format("{}: missing 'data_offsets'", where));
   if (!off->is_array() || off->size() != 2 || !as_u64((*off)[0], out.begin) || !as_u64((*off)[1], out.end)) {
     return data_loss(fmt::format("{}: 'data_offsets' must be [begin, end] with non-negative integers, got {}", where,
-                                 shown(off->dump())));
+                                 json_util::shown(*off)));
   }
   if (out.begin > out.end) {
     return data_loss(fmt::format("{}: data_offsets [{}, {}] has begin > end", where, out.begin, out.end));
@@ -138,7 +138,7 @@ Status parse_entry(std::string_view path, const std::string& name, const json& e
   }
   if (out.end - out.begin != nbytes) {
     return data_loss(fmt::format("{}: data_offsets [{}, {}] hold {} bytes, but {} {} needs {}", where, out.begin,
-                                 out.end, out.end - out.begin, dtype_str, shown(sh->dump()), nbytes));
+                                 out.end, out.end - out.begin, dtype_str, json_util::shown(*sh), nbytes));
   }
   return Status::Ok();
 }

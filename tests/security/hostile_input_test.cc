@@ -414,7 +414,15 @@ TEST_F(Hostile, DevicesAndDirectoriesAreRefusedAndSizesAreBounded) {
   ASSERT_FALSE(d.ok());
   EXPECT_NE(d.status().message().find("a directory"), std::string::npos) << d.status().to_string();
   const std::string p = put("hundred", std::string(100, 'x'));
-  EXPECT_TRUE(io::read_file(p, 100).ok());
+  auto exact = io::read_file(p, 100);
+  ASSERT_TRUE(exact.ok()) << exact.status().to_string();
+  EXPECT_EQ(exact->size(), 100u);
+  EXPECT_EQ(io::read_file(put("empty", ""), 0)->size(), 0u);
+  // A regular file whose st_size is 0 but which has content is read to EOF.
+  auto proc = io::read_file("/proc/self/status", 1 << 20);
+  ASSERT_TRUE(proc.ok()) << proc.status().to_string();
+  EXPECT_NE(std::string(proc->begin(), proc->end()).find("Name:"), std::string::npos);
+  EXPECT_FALSE(io::read_file("/proc/self/status", 16).ok());  // ... and still bounded
   auto big = io::read_file(p, 99);
   ASSERT_FALSE(big.ok());
   EXPECT_EQ(big.status().code(), StatusCode::kInvalidArgument);
@@ -560,6 +568,15 @@ TEST(HostileSafetensors, OpenMemoryValidatesLikeOpen) {
   ASSERT_FALSE(g.ok());
   EXPECT_EQ(g.status().code(), StatusCode::kDataLoss);
   EXPECT_FALSE(SafetensorsFile::open_memory("1234", 4, "mem").ok());
+  // Invalid UTF-8 inside a field is corruption (kDataLoss), never a nlohmann
+  // type_error surfacing as kInternal.
+  for (const std::string h : {"{\"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [\"\xff\", 4]}}",
+                               "{\"a\": {\"dtype\": \"F32\", \"shape\": [\"\xff\"], \"data_offsets\": [0, 4]}}"}) {
+    const std::string b = st_bytes(h, "1234");
+    auto r = SafetensorsFile::open_memory(b.data(), b.size(), "mem");
+    ASSERT_FALSE(r.ok()) << h;
+    EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status().to_string();
+  }
 }
 
 }  // namespace
