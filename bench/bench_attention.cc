@@ -17,8 +17,7 @@
 
 #include <fmt/format.h>
 
-#include "cpu/attention_kernels.h"
-#include "cpu/roofline.h"
+#include "mlakv/roofline.h"
 #include "mlakv/attention.h"
 #include "mlakv/thread_pool.h"
 
@@ -91,7 +90,7 @@ void BM_CeilingFma1Thread(benchmark::State& state) {
   double g = 0;
   for (auto _ : state) g = cpu::measure_fma_gflops(0.2);
   state.counters["GFLOP/s"] = g;
-  state.SetLabel(cpu::attention_simd_target());
+  state.SetLabel(cpu_attention_isa());
 }
 BENCHMARK(BM_CeilingFma1Thread)->Iterations(3)->Unit(benchmark::kMillisecond);
 
@@ -125,7 +124,7 @@ void BM_Attention(benchmark::State& state) {
   const double tokens = static_cast<double>(B * ctx);
   const double flops = 2.0 * static_cast<double>(H * s_q) * tokens * (kQkDim + kLatentDim);
   state.SetLabel(fmt::format("{} threads={} splits={} {}", format_name(f), threads(), p.num_splits,
-                             cpu::attention_simd_target()));
+                             cpu_attention_isa()));
   state.counters["tokens/s"] = benchmark::Counter(tokens, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["cache_GB/s"] =
       benchmark::Counter(tokens * p.cache.record_bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);

@@ -6,6 +6,9 @@
 // Timing: CUDA events around one decode step (split + combine kernels together), the
 // L2 flushed (a 512 MiB memset) before every repetition, warm-up first, median of
 // --reps. Bytes = q + cache records read + out; FLOPs = 2 H s_q tokens (576 + 512).
+// On an sm_90 device every attention shape runs on both kernels (MLAKV_CUDA_ATTENTION
+// = sm80, the portable mma.sync kernel, then sm90, the warp-specialized Hopper kernel)
+// over the same cache contents, each with its own suggested split count.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <curand.h>
@@ -14,6 +17,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <numeric>
 #include <random>
@@ -115,13 +119,16 @@ struct Shape {
 };
 
 struct Result {
+  std::string kernel;
   std::string format, kind;
   int B, H, s_q, ctx, topk, splits;
   double ms, tokens_per_s, tbps, tflops, frac_bw, frac_mm;
 };
 
-Result run_shape(KvFormat f, const Shape& sh, int reps, double copy_tbps, double mm_tflops, curandGenerator_t gen,
-                 int sms) {
+// Times the shape once per attention kernel that can run it (MLAKV_CUDA_ATTENTION=sm80,
+// then sm90 where the device has it), on the same cache contents.
+std::vector<Result> run_shape(KvFormat f, const Shape& sh, int reps, double copy_tbps, double mm_tflops,
+                              curandGenerator_t gen, int sms, const std::vector<std::string>& kernels) {
   const int64_t B = sh.B, T = static_cast<int64_t>(sh.B) * sh.ctx;
   const int bs = 64;
   const int64_t blocks_per_req = (sh.ctx + bs - 1) / bs;
@@ -171,22 +178,30 @@ Result run_shape(KvFormat f, const Shape& sh, int reps, double copy_tbps, double
   p.softmax_scale = 0.1352f;
   p.out = TensorView::contiguous(out, DType::kF32, {B, sh.s_q, sh.H, kLatentDim}, v.device);
   p.lse = TensorView::contiguous(lse, DType::kF32, {B, sh.s_q, sh.H}, v.device);
-  p.num_splits = cuda::suggest_num_splits(p, sms);
-  auto plan = cuda::plan_mla_attention(p);
-  check(plan.status(), "plan");
-  void* ws = nullptr;
-  if (plan->workspace_bytes > 0) CHECK_CUDA(cudaMalloc(&ws, plan->workspace_bytes));
-  const double ms = time_ms(reps, [&] { check(cuda::run_mla_attention(p, *plan, ws, nullptr), "run"); });
-  CHECK_CUDA(cudaGetLastError());
-  const double tokens = sh.kind == "sparse" ? static_cast<double>(B) * sh.s_q * sh.topk : static_cast<double>(T);
-  const double bytes = static_cast<double>(rows) * kQkDim * 4 + tokens * rb + static_cast<double>(rows) * (kLatentDim + 1) * 4;
-  const double per_req_tokens = sh.kind == "sparse" ? static_cast<double>(sh.topk) : static_cast<double>(sh.ctx);
-  const double flops = 2.0 * sh.H * sh.s_q * per_req_tokens * (kQkDim + kLatentDim) * B;
-  Result r{std::string(format_name(f)), sh.kind, sh.B, sh.H, sh.s_q, sh.ctx, sh.topk, p.num_splits, ms,
-           tokens / (ms * 1e-3), bytes / (ms * 1e-3) * 1e-12, flops / (ms * 1e-3) * 1e-12, 0, 0};
-  r.frac_bw = r.tbps / copy_tbps;
-  r.frac_mm = r.tflops / mm_tflops;
-  cudaFree(ws);
+  std::vector<Result> results;
+  for (const std::string& kernel : kernels) {
+    setenv("MLAKV_CUDA_ATTENTION", kernel.c_str(), 1);
+    p.num_splits = cuda::suggest_num_splits(p, sms);
+    auto plan = cuda::plan_mla_attention(p);
+    check(plan.status(), "plan");
+    void* ws = nullptr;
+    if (plan->workspace_bytes > 0) CHECK_CUDA(cudaMalloc(&ws, plan->workspace_bytes));
+    const double ms = time_ms(reps, [&] { check(cuda::run_mla_attention(p, *plan, ws, nullptr), "run"); });
+    CHECK_CUDA(cudaGetLastError());
+    const double tokens = sh.kind == "sparse" ? static_cast<double>(B) * sh.s_q * sh.topk : static_cast<double>(T);
+    const double bytes =
+        static_cast<double>(rows) * kQkDim * 4 + tokens * rb + static_cast<double>(rows) * (kLatentDim + 1) * 4;
+    const double per_req_tokens = sh.kind == "sparse" ? static_cast<double>(sh.topk) : static_cast<double>(sh.ctx);
+    const double flops = 2.0 * sh.H * sh.s_q * per_req_tokens * (kQkDim + kLatentDim) * B;
+    Result r{cuda::attention_path_name(plan->path), std::string(format_name(f)), sh.kind, sh.B, sh.H, sh.s_q, sh.ctx,
+             sh.topk, p.num_splits, ms, tokens / (ms * 1e-3), bytes / (ms * 1e-3) * 1e-12,
+             flops / (ms * 1e-3) * 1e-12, 0, 0};
+    r.frac_bw = r.tbps / copy_tbps;
+    r.frac_mm = r.tflops / mm_tflops;
+    results.push_back(r);
+    cudaFree(ws);
+  }
+  unsetenv("MLAKV_CUDA_ATTENTION");
   cudaFree(d_idx);
   cudaFree(d_table);
   cudaFree(d_lens);
@@ -194,7 +209,7 @@ Result run_shape(KvFormat f, const Shape& sh, int reps, double copy_tbps, double
   cudaFree(out);
   cudaFree(lse);
   cudaFree(cache);
-  return r;
+  return results;
 }
 
 double writer_gbps(KvFormat f, int reps, curandGenerator_t gen) {
@@ -239,7 +254,7 @@ int main(int argc, char** argv) {
   int reps = 30;
   int only_shape = -1;
   bool skip_ceilings = false;
-  std::string json_path, only;
+  std::string json_path, only, only_kernel;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
@@ -247,8 +262,9 @@ int main(int argc, char** argv) {
     else if (a == "--format" && i + 1 < argc) only = argv[++i];
     else if (a == "--shape" && i + 1 < argc) only_shape = std::atoi(argv[++i]);
     else if (a == "--no-ceilings") skip_ceilings = true;
+    else if (a == "--kernel" && i + 1 < argc) only_kernel = argv[++i];
     else {
-      std::fprintf(stderr, "error: unknown argument '%s' (usage: bench_cuda [--reps N] [--json PATH] [--format F] [--shape I] [--no-ceilings])\n", a.c_str());
+      std::fprintf(stderr, "error: unknown argument '%s' (usage: bench_cuda [--reps N] [--json PATH] [--format F] [--shape I] [--kernel sm80|sm90] [--no-ceilings])\n", a.c_str());
       return 2;
     }
   }
@@ -268,28 +284,53 @@ int main(int argc, char** argv) {
               copy, mm);
   const std::vector<Shape> shapes = {{"decode", 64, 16, 1, 8192, 0},
                                      {"decode", 64, 16, 1, 32768, 0},
+                                     {"decode", 128, 16, 1, 8192, 0},
                                      {"decode", 64, 128, 2, 8192, 0},
                                      {"sparse", 64, 128, 2, 32768, 2048}};
   nlohmann::json j;
   j["device"] = props->name;
   j["copy_tbps"] = copy;
   j["gemm_bf16_tflops"] = mm;
-  std::printf("%-22s %-7s %3s %4s %4s %6s %5s %6s %9s %11s %7s %8s %7s %7s\n", "format", "kind", "B", "H", "s_q", "ctx",
-              "topk", "splits", "ms", "tokens/s", "TB/s", "TFLOP/s", "%copy", "%gemm");
+  // Both attention kernels where the device runs the sm90 one (--kernel picks one).
+  std::vector<std::string> kernels = {"sm80"};
+  if (props->major == 9) kernels.push_back("sm90");
+  if (!only_kernel.empty()) kernels = {only_kernel};
+  std::printf("%-8s %-22s %-7s %3s %4s %4s %6s %5s %6s %9s %11s %7s %8s %7s %7s\n", "kernel", "format", "kind", "B", "H",
+              "s_q", "ctx", "topk", "splits", "ms", "tokens/s", "TB/s", "TFLOP/s", "%copy", "%gemm");
+  std::vector<Result> all;
   for (const FormatInfo& fi : all_formats()) {
     if (!only.empty() && fi.name != only) continue;
     for (std::size_t si = 0; si < shapes.size(); ++si) {
       if (only_shape >= 0 && static_cast<int>(si) != only_shape) continue;
       const Shape& sh = shapes[si];
-      const Result r = run_shape(fi.format, sh, reps, copy, mm, gen, props->multiprocessors);
-      std::printf("%-22s %-7s %3d %4d %4d %6d %5d %6d %9.4f %11.4g %7.3f %8.1f %6.1f%% %6.1f%%\n", r.format.c_str(),
-                  r.kind.c_str(), r.B, r.H, r.s_q, r.ctx, r.topk, r.splits, r.ms, r.tokens_per_s, r.tbps, r.tflops,
-                  100 * r.frac_bw, 100 * r.frac_mm);
-      std::fflush(stdout);
-      j["attention"].push_back({{"format", r.format}, {"kind", r.kind}, {"B", r.B}, {"H", r.H}, {"s_q", r.s_q},
-                                {"ctx", r.ctx}, {"topk", r.topk}, {"splits", r.splits}, {"ms", r.ms},
-                                {"tokens_per_s", r.tokens_per_s}, {"tbps", r.tbps}, {"tflops", r.tflops},
-                                {"frac_copy", r.frac_bw}, {"frac_gemm", r.frac_mm}});
+      for (const Result& r : run_shape(fi.format, sh, reps, copy, mm, gen, props->multiprocessors, kernels)) {
+        std::printf("%-8s %-22s %-7s %3d %4d %4d %6d %5d %6d %9.4f %11.4g %7.3f %8.1f %6.1f%% %6.1f%%\n",
+                    r.kernel.c_str(), r.format.c_str(), r.kind.c_str(), r.B, r.H, r.s_q, r.ctx, r.topk, r.splits, r.ms,
+                    r.tokens_per_s, r.tbps, r.tflops, 100 * r.frac_bw, 100 * r.frac_mm);
+        std::fflush(stdout);
+        j["attention"].push_back({{"kernel", r.kernel}, {"format", r.format}, {"kind", r.kind}, {"B", r.B},
+                                  {"H", r.H}, {"s_q", r.s_q}, {"ctx", r.ctx}, {"topk", r.topk}, {"splits", r.splits},
+                                  {"ms", r.ms}, {"tokens_per_s", r.tokens_per_s}, {"tbps", r.tbps},
+                                  {"tflops", r.tflops}, {"frac_copy", r.frac_bw}, {"frac_gemm", r.frac_mm}});
+        all.push_back(r);
+      }
+    }
+  }
+  // The byte-ratio targets (issue 12): a format's tokens/s against bf16's on the same
+  // kernel and shape, and against bf16 tokens/s x 1152 / record bytes.
+  std::printf("\ntokens/s vs bf16 (same kernel, shape): measured ratio / byte ratio 1152/record_bytes\n");
+  for (const Result& r : all) {
+    if (r.format == "bf16") continue;
+    for (const Result& base : all) {
+      if (base.format != "bf16" || base.kernel != r.kernel || base.kind != r.kind || base.H != r.H || base.s_q != r.s_q ||
+          base.ctx != r.ctx || base.B != r.B) {
+        continue;
+      }
+      const double ratio = r.tokens_per_s / base.tokens_per_s;
+      const double bytes_ratio = 1152.0 / record_bytes(*parse_format(r.format));
+      std::printf("  %-8s %-22s %-7s H=%-3d s_q=%d ctx=%-6d %5.2fx of bf16 (byte ratio %.2fx: %5.1f%%)\n",
+                  r.kernel.c_str(), r.format.c_str(), r.kind.c_str(), r.H, r.s_q, r.ctx, ratio, bytes_ratio,
+                  100 * ratio / bytes_ratio);
     }
   }
   std::printf("\ncache writers (262144 tokens, f32 input, shuffled slots; bytes = input read + slot + record written):\n");

@@ -1,5 +1,7 @@
 // Shared by the CUDA benchmark binaries: fail-fast checks (a benchmark has no one to
 // hand a Status to, so it prints "error: ..." and exits non-zero) and the L2 flush size.
+// CHECK_CUDA is the benchmarks' one CUDA check: frontends include only public headers,
+// so they cannot use the library's src/cuda/common/status.h.
 #pragma once
 
 #include <cuda_runtime.h>

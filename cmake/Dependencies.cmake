@@ -4,6 +4,18 @@ find_package(nlohmann_json CONFIG REQUIRED)
 find_package(CLI11 CONFIG REQUIRED)
 find_package(hwy CONFIG REQUIRED)
 find_package(Threads REQUIRED)
+# PCRE2 (libpcre2-dev), 8-bit library, for the tokenizer's pre-tokenizer regexes
+# (Unicode classes). Found by path rather than pkg-config so a private prefix
+# (CMAKE_PREFIX_PATH, tools/gpu_check.sh's unpacked .debs) works too.
+find_path(MLAKV_PCRE2_INCLUDE_DIR pcre2.h)
+find_library(MLAKV_PCRE2_LIBRARY NAMES pcre2-8)
+if(NOT MLAKV_PCRE2_INCLUDE_DIR OR NOT MLAKV_PCRE2_LIBRARY)
+  message(FATAL_ERROR "PCRE2 not found (pcre2.h, libpcre2-8): install libpcre2-dev (scripts/install-deps.sh)")
+endif()
+add_library(mlakv_pcre2 INTERFACE IMPORTED)
+set_target_properties(mlakv_pcre2 PROPERTIES
+  INTERFACE_INCLUDE_DIRECTORIES "${MLAKV_PCRE2_INCLUDE_DIR}"
+  INTERFACE_LINK_LIBRARIES "${MLAKV_PCRE2_LIBRARY}")
 if(MLAKV_BUILD_TESTS)
   find_package(GTest CONFIG REQUIRED)
 endif()

@@ -6,7 +6,7 @@ set -euo pipefail
 
 packages=(
   cmake ninja-build g++ pkg-config
-  libfmt-dev libcli11-dev nlohmann-json3-dev libhwy-dev
+  libfmt-dev libcli11-dev nlohmann-json3-dev libhwy-dev libpcre2-dev
   libgtest-dev libgmock-dev libbenchmark-dev
 )
 if [ "${1:-}" = "--fuzz" ]; then

@@ -5,8 +5,13 @@
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 dir="$ROOT/build"
 args=(-DMLAKV_BUILD_TESTS=ON -DMLAKV_BUILD_BENCH=ON)
+# The Python package and its pytest suite (a virtual environment with nanobind, numpy
+# and pytest from PyPI; scripts/python-env.sh).
+py="$(bash "$ROOT/scripts/python-env.sh")"
+args+=(-DMLAKV_BUILD_PYTHON=ON "-DPython_EXECUTABLE=$py")
 if [ "${1:-}" = "--sanitize" ]; then
   dir="$ROOT/build-asan"
+  # (no Python module here: an ASan-instrumented extension needs the runtime preloaded)
   args=(-DMLAKV_BUILD_TESTS=ON -DMLAKV_BUILD_BENCH=OFF -DMLAKV_SANITIZE=ON -DMLAKV_CUDA=OFF
         -DCMAKE_BUILD_TYPE=RelWithDebInfo)
 fi

@@ -32,7 +32,7 @@
 #include <unistd.h>
 
 #include "mlakv/safetensors.h"
-#include "weights/synthetic_weights.h"
+#include "mlakv/synthetic_weights.h"
 
 namespace mlakv {
 namespace {

@@ -13,7 +13,7 @@ SECONDS_EACH="${1:-600}"
 shift || true
 BUILD="${MLAKV_FUZZ_BUILD_DIR:-$ROOT/build-fuzz}"
 NICE="${MLAKV_FUZZ_NICE:-10}"
-ALL=(fuzz_safetensors_memory fuzz_safetensors_file fuzz_checkpoint_index fuzz_hf_config fuzz_outer_scales fuzz_records)
+ALL=(fuzz_safetensors_memory fuzz_safetensors_file fuzz_checkpoint_index fuzz_hf_config fuzz_outer_scales fuzz_records fuzz_tokenizer)
 TARGETS=("$@")
 [ ${#TARGETS[@]} -eq 0 ] && TARGETS=("${ALL[@]}")
 

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Runs on a GPU machine (the `device` tool's H200): builds the CUDA targets, runs the
-# accelerated-vs-reference harness, compute-sanitizer (memcheck + racecheck) on its
+# accelerated-vs-reference harness, compute-sanitizer (memcheck, racecheck, synccheck) on its
 # reduced set, and the CUDA benchmark. Logs go to $OUT (or ./gpu-out).
 #
 # The GPU image has no Debian -dev packages and no network: the project's Debian
 # dependencies travel as .deb files in .debs/ (fetch them on a machine with apt:
 #   mkdir -p .debs && cd .debs && apt-get download libfmt-dev libfmt9 libcli11-dev \
-#     nlohmann-json3-dev libhwy-dev libhwy1 libgtest-dev libgmock-dev libbenchmark-dev libbenchmark1debian
+#     nlohmann-json3-dev libhwy-dev libhwy1 libgtest-dev libgmock-dev libbenchmark-dev libbenchmark1debian \
+#     libpcre2-dev libpcre2-8-0
 # ) and are unpacked into a private prefix, never into /.
 #   usage: tools/gpu_check.sh [harness|sanitize|bench|profile|all]...   (default: all = the first three)
 set -uo pipefail
@@ -31,7 +32,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,te
 echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown) $(git status --porcelain 2>/dev/null | wc -l) uncommitted" \
   | tee -a "$OUT/gpu.txt"
 
-cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DMLAKV_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DMLAKV_CUDA=ON -DMLAKV_CUDA_ARCHS=90a \
   -DMLAKV_BUILD_TESTS=ON -DMLAKV_BUILD_BENCH=ON >"$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
 time cmake --build build-gpu --target cuda_harness bench_cuda -j "$(nproc)" >"$OUT/build.log" 2>&1 \
   || { grep -E "error" -A5 "$OUT/build.log" | head -60; exit 1; }
@@ -39,11 +40,13 @@ echo "build ok"
 
 rc=0
 if want harness; then
-  ./build-gpu/tests/cuda_harness 2>&1 | tee "$OUT/harness.log" | grep -E "^\[ +(OK|FAILED|PASSED) |Failure|error|Expected|Which is|row" | head -80
+  # One gtest case per parameter set (~150): show failures and the summary, count the rest.
+  ./build-gpu/tests/cuda_harness 2>&1 | tee "$OUT/harness.log" | grep -E "^\[ +(FAILED|PASSED) |^\[==========\]|Failure|error|Expected|Which is|row" | head -80
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+  echo "harness: $(grep -c '^\[       OK \]' "$OUT/harness.log") cases OK"
 fi
 if want sanitize; then
-  for tool in memcheck racecheck; do
+  for tool in memcheck racecheck synccheck; do
     compute-sanitizer --tool "$tool" --error-exitcode 9 ./build-gpu/tests/cuda_harness \
       --gtest_filter='*ReducedSanitizerSet*:*MergeAttnStates*' >"$OUT/$tool.log" 2>&1
     s=$?
@@ -57,9 +60,9 @@ if want bench; then
 fi
 if want profile; then
   # Nsight Compute on one attention launch per case (clocks left alone).
-  for spec in "fp8_ds_mla 1" "bf16 2"; do
+  for spec in "fp8_ds_mla 1" "bf16 3"; do
     set -- $spec
-    ncu --clock-control none -k regex:mla_attention_kernel --launch-skip 3 --launch-count 1 \
+    ncu --clock-control none -k regex:"mla_attention_kernel|attention_sm90_kernel" --launch-skip 3 --launch-count 1 \
       --section SpeedOfLight --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \
       --section SchedulerStats --section LaunchStats \
       ./build-gpu/bench/bench_cuda --reps 1 --format "$1" --shape "$2" --no-ceilings >"$OUT/ncu_$1_$2.txt" 2>&1

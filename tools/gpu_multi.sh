@@ -32,7 +32,7 @@ nvidia-smi topo -m >>"$OUT/gpus.txt" 2>&1
 ranks="${1:-$(nvidia-smi -L | wc -l)}"
 [ "$ranks" -gt 4 ] && ranks=4
 cmake -S . -B build-multi -G Ninja -DCMAKE_BUILD_TYPE=Release -DMLAKV_CUDA=ON -DMLAKV_NCCL=ON \
-  -DCMAKE_CUDA_ARCHITECTURES=90a -DMLAKV_BUILD_TESTS=ON -DMLAKV_BUILD_BENCH=ON "${nccl_args[@]}" \
+  -DMLAKV_CUDA_ARCHS=90a -DMLAKV_BUILD_TESTS=ON -DMLAKV_BUILD_BENCH=ON "${nccl_args[@]}" \
   >"$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
 cmake --build build-multi --target nccl_test bench_parallel -j "$(nproc)" >"$OUT/build.log" 2>&1 \
   || { grep -E "error" -A5 "$OUT/build.log" | head -60; exit 1; }

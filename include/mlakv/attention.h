@@ -60,6 +60,10 @@ struct CpuAttentionOptions {
 // (request, head group, split). Validates first; on failure writes nothing.
 Status mla_attention_cpu(const MlaAttentionParams& p, const CpuAttentionOptions& opt = {});
 
+// The instruction set mla_attention_cpu dispatches to on this machine, by its common
+// name: "AVX-512", "AVX2", "SSE4", "NEON", ... (Highway's target, picked at run time).
+const char* cpu_attention_isa();
+
 // The specification: a plain float64 implementation (one pass, no splits), reading the
 // records through the scalar codec. Slow; used by tests and as the demo's yardstick.
 Status mla_attention_reference(const MlaAttentionParams& p);

@@ -51,6 +51,16 @@ struct CacheLayerView {
 // Validates a view (sizes, format/geometry, outer scale); `name` prefixes messages.
 Status check_cache_view(const CacheLayerView& c, std::string_view name);
 
+// Encodes n tokens into `slots` of a host cache layer held anywhere (a KvCache's, or a
+// caller's [num_blocks, block_size, record_bytes] u8 buffer, as a serving engine's
+// kv_cache tensor; vLLM's concat_and_cache_mla semantics).
+//   slots  [n] i64 or i32; entries < 0 are skipped (CUDA-graph padding)
+//   latent [n, latent_dim], rope [n, rope_dim]: f32 or bf16, CPU
+// A slot >= the layer's capacity, a non-finite input or a shape error fails the whole
+// call before any byte is written.
+Status write_cache_layer(const CacheLayerView& layer, const TensorView& slots, const TensorView& latent,
+                         const TensorView& rope, Fp8ScaleMode fp8_scales = Fp8ScaleMode::kPow2);
+
 using SeqId = int64_t;
 
 class BlockManager {

@@ -38,9 +38,20 @@ struct DeviceProperties {
 StatusOr<DeviceProperties> device_properties(int device = 0);
 
 // ---- attention ----------------------------------------------------------------------
+// Which attention kernel path a plan runs. kSm80: the portable sm_80+ kernel
+// (src/cuda/sm80/attention/, mma.sync + cp.async). kSm90: the warp-specialized Hopper
+// kernel (src/cuda/sm90/attention/, bulk copies + mbarrier ring), built when
+// MLAKV_CUDA_ARCHS holds 90a and chosen by plan_mla_attention on a compute capability
+// 9.0 device for the four formats at L = 512, R = 64. The environment variable
+// MLAKV_CUDA_ATTENTION=sm80 forces kSm80, =sm90 requires kSm90 (planning fails where
+// it cannot run), unset, empty or auto picks.
+enum class AttentionPath : uint8_t { kSm80 = 0, kSm90 = 1 };
+const char* attention_path_name(AttentionPath path);  // "sm80", "sm90" (the MLAKV_CUDA_ATTENTION values)
+
 struct AttentionPlan {
+  AttentionPath path = AttentionPath::kSm80;  // the kernel path run_mla_attention launches
   int num_splits = 1;
-  int row_blocks = 0;            // CTAs over the rows of one request (16 rows each)
+  int row_blocks = 0;            // CTAs over the rows of one request (16 rows per CTA on both paths)
   int64_t partial_rows = 0;      // rows of split partials kept in the workspace
   std::size_t workspace_bytes = 0;  // caller allocates this much device memory
 };

@@ -87,8 +87,13 @@ std::size_t KvCache::bytes() const {
   return total;
 }
 
-Status KvCache::write(int l, const TensorView& slots, const TensorView& latent, const TensorView& rope) {
-  MLAKV_ASSIGN_OR_RETURN(CacheLayerView v, layer(l));
+Status write_cache_layer(const CacheLayerView& v, const TensorView& slots, const TensorView& latent,
+                         const TensorView& rope, Fp8ScaleMode fp8_scales) {
+  MLAKV_RETURN_IF_ERROR(check_cache_view(v, "cache layer"));
+  if (v.device.type != DeviceType::kCpu) {
+    return invalid_argument(fmt::format("cache layer: write_cache_layer writes host memory, got a {} layer "
+                                        "(use cuda::write_cache)", device_name(v.device)));
+  }
   MLAKV_RETURN_IF_ERROR(check_tensor(slots, "slots", {{DType::kI64, DType::kI32}, {-1}}, Device::cpu()));
   const int64_t n = slots.size(0);
   const int64_t cap = v.num_slots();
@@ -98,23 +103,25 @@ Status KvCache::write(int l, const TensorView& slots, const TensorView& latent, 
   };
   for (int64_t i = 0; i < n; ++i) {
     const int64_t s = slot_at(i);
-    if (s >= cap) {
-      return out_of_range(fmt::format("layer {}: slot {} (token {}) is past the cache's {} slots", l, s, i, cap));
-    }
+    if (s >= cap) return out_of_range(fmt::format("slot {} (token {}) is past the cache's {} slots", s, i, cap));
   }
   // Encode into a staging buffer through the checked codec (shape/dtype/finiteness
   // checks happen there), then scatter: a failure leaves the cache untouched.
   std::vector<uint8_t> staged(static_cast<std::size_t>(n) * static_cast<std::size_t>(v.record_bytes));
-  CodecParams p{v.format, v.outer_scale, config_.fp8_scales, v.latent_dim, v.rope_dim};
+  CodecParams p{v.format, v.outer_scale, fp8_scales, v.latent_dim, v.rope_dim};
   MLAKV_RETURN_IF_ERROR(
-      encode_records(p, latent, rope, TensorView::contiguous(staged.data(), DType::kU8, {n, v.record_bytes}))
-          .with_context(fmt::format("layer {}", l)));
+      encode_records(p, latent, rope, TensorView::contiguous(staged.data(), DType::kU8, {n, v.record_bytes})));
   for (int64_t i = 0; i < n; ++i) {
     const int64_t s = slot_at(i);
     if (s < 0) continue;
     std::memcpy(v.data + s * v.record_bytes, staged.data() + i * v.record_bytes, static_cast<std::size_t>(v.record_bytes));
   }
   return Status::Ok();
+}
+
+Status KvCache::write(int l, const TensorView& slots, const TensorView& latent, const TensorView& rope) {
+  MLAKV_ASSIGN_OR_RETURN(CacheLayerView v, layer(l));
+  return write_cache_layer(v, slots, latent, rope, config_.fp8_scales).with_context(fmt::format("layer {}", l));
 }
 
 Status KvCache::copy_block(int32_t src, int32_t dst) {

@@ -18,7 +18,7 @@
 #include "mlakv/absorb.h"
 #include "mlakv/hf_config.h"
 #include "mlakv/safetensors.h"
-#include "weights/synthetic_weights.h"
+#include "mlakv/synthetic_weights.h"
 
 namespace mlakv::cli {
 namespace {

@@ -14,9 +14,8 @@
 
 #include "cli/cli.h"
 #include "cli/progress.h"
-#include "format/record_codec.h"
-#include "eval/synthetic.h"
-#include "cpu/attention_kernels.h"
+#include "mlakv/codec.h"
+#include "mlakv/synthetic.h"
 #include "mlakv/attention.h"
 #include "mlakv/model_config.h"
 #include "mlakv/thread_pool.h"
@@ -203,9 +202,15 @@ Status run_demo(const DemoArgs& a) {
     for (std::size_t h = 0; h < lse.size(); ++h) r.lse_max_err = std::max(r.lse_max_err, std::fabs(static_cast<double>(lse[h]) - ref_lse[h]));
     // Needle rank for head 0: tokens whose decoded score beats the needle's.
     std::vector<double> score(static_cast<std::size_t>(T));
-    float kl[kLatentDim], kr[kRopeDim];
+    std::vector<float> dec_lat(static_cast<std::size_t>(T) * kLatentDim), dec_rope(static_cast<std::size_t>(T) * kRopeDim);
+    MLAKV_RETURN_IF_ERROR(decode_records(
+        CodecParams{.format = f, .outer_scale = view.outer_scale},
+        TensorView::contiguous(view.record(0), DType::kU8, {T, r.record_bytes}),
+        TensorView::contiguous(dec_lat.data(), DType::kF32, {T, kLatentDim}),
+        TensorView::contiguous(dec_rope.data(), DType::kF32, {T, kRopeDim})));
     for (int64_t tk = 0; tk < T; ++tk) {
-      codec::decode_record(f, view.record(tk), view.outer_scale, kl, kr);
+      const float* kl = dec_lat.data() + tk * kLatentDim;
+      const float* kr = dec_rope.data() + tk * kRopeDim;
       double s = 0;
       for (int d = 0; d < kLatentDim; ++d) s += static_cast<double>(q[static_cast<std::size_t>(d)]) * kl[d];
       for (int d = 0; d < kRopeDim; ++d) s += static_cast<double>(q[static_cast<std::size_t>(kLatentDim + d)]) * kr[d];
@@ -225,7 +230,7 @@ Status run_demo(const DemoArgs& a) {
     j["softmax_scale"] = scale;
     j["needle_position"] = needle;
     j["threads"] = threads;
-    j["simd"] = cpu::attention_simd_target();
+    j["simd"] = cpu_attention_isa();
     for (const FormatResult& r : results) {
       j["formats"].push_back({{"format", std::string(format_name(r.format))},
                               {"bytes_per_token", r.record_bytes},
@@ -245,7 +250,7 @@ Status run_demo(const DemoArgs& a) {
   fmt::print("mlakv demo: one MLA layer at DeepSeek-V3 geometry, {} heads, {} tokens of synthetic RMS-normed latent,\n"
              "needle at position {}; errors against the float64 reference on the unquantized latent.\n"
              "CPU decode: {} thread(s), {}, median of {} runs.\n\n",
-             H, T, needle, threads, cpu::attention_simd_target(), a.reps);
+             H, T, needle, threads, cpu_attention_isa(), a.reps);
   fmt::print("{:<22}{:>7}{:>10}{:>12}{:>11}{:>11}{:>8}{:>9}{:>10}{:>12}{:>9}\n", "format", "B/tok", "cache MiB",
              "out rel L2", "cosine", "lse err", "needle", "weight", "step ms", "tokens/s", "GB/s");
   for (const FormatResult& r : results) {

@@ -24,7 +24,10 @@
 #include <cstring>
 #include <limits>
 
+#include <string_view>
+
 #include "format/record_codec.h"
+#include "mlakv/attention.h"
 #include "cpu/attention_kernels.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -146,6 +149,17 @@ HWY_INLINE void DequantRecord(const CacheLayerView& c, const uint8_t* rec, float
       E4m3ToF32(rec + R::kRopeOffset, kRopeDim, codec::load_f32(rec + R::kRopeScaleOffset), row + kLatentDim);
       break;
     }
+  }
+}
+
+// Records -> natural-order rows, through DequantRecord (dequantize_records_simd).
+void DequantRows(const CacheLayerView& c, const uint8_t* records, int64_t n, float* rows) {
+  float tile_row[kK];
+  for (int64_t r = 0; r < n; ++r) {
+    DequantRecord(c, records + r * c.record_bytes, tile_row);
+    float* dst = rows + r * kK;
+    for (int i = 0; i < kV; ++i) dst[i] = tile_row[tile_pos(c.format, i)];
+    for (int i = kV; i < kK; ++i) dst[i] = tile_row[i];
   }
 }
 
@@ -337,6 +351,12 @@ HWY_EXPORT(RunUnit);
 
 void run_attention_unit(const UnitArgs& a) { HWY_DYNAMIC_DISPATCH(RunUnit)(a); }
 
+HWY_EXPORT(DequantRows);
+
+void dequantize_records_simd(const CacheLayerView& cache, const uint8_t* records, int64_t n, float* rows) {
+  HWY_DYNAMIC_DISPATCH(DequantRows)(cache, records, n, rows);
+}
+
 const char* attention_simd_target() {
   // The dispatcher's choice: the best (lowest-bit) target compiled in and supported here.
   const int64_t t = hwy::SupportedTargets() & HWY_TARGETS;
@@ -344,5 +364,14 @@ const char* attention_simd_target() {
 }
 
 }  // namespace cpu
+
+const char* cpu_attention_isa() {
+  // Highway's target names ("AVX3", "AVX3_ZEN4", "AVX3_SPR") are its own; users know
+  // these instruction sets as AVX-512.
+  const std::string_view t = cpu::attention_simd_target();
+  if (t.substr(0, 4) == "AVX3") return t == "AVX3" ? "AVX-512" : (t == "AVX3_ZEN4" ? "AVX-512 (Zen 4)" : "AVX-512 (SPR)");
+  return cpu::attention_simd_target();
+}
+
 }  // namespace mlakv
 #endif

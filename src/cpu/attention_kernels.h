@@ -29,4 +29,10 @@ void run_attention_unit(const UnitArgs& a);
 // The instruction set the dispatcher picks on this machine ("AVX2", "AVX3", ...).
 const char* attention_simd_target();
 
+// The SIMD record reader run_attention_unit uses (the same dequantization, dispatched
+// the same way), exposed for tests/record_reader_test.cc: n records of `cache`'s
+// format and outer scale, record_bytes apart from `records`, -> rows [n, 576] f32
+// [latent | rope] in natural dim order (the tile's nvfp4 permutation undone).
+void dequantize_records_simd(const CacheLayerView& cache, const uint8_t* records, int64_t n, float* rows);
+
 }  // namespace mlakv::cpu

@@ -9,7 +9,7 @@
 #include <cstring>
 #include <memory>
 
-#include "cpu/roofline.h"
+#include "mlakv/roofline.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace mlakv {

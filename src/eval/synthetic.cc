@@ -1,4 +1,4 @@
-#include "eval/synthetic.h"
+#include "mlakv/synthetic.h"
 
 #include <cmath>
 #include <numeric>

@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "model/rope.h"
-#include "cuda/common.h"
-#include "cuda/kernels.h"
+#include "cuda/common/status.h"
+#include "cuda/smxx/launch.h"
 #include "mlakv/allocator.h"
 #include "mlakv/cuda.h"
 #include "mlakv/cuda_layer.h"

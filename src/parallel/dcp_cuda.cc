@@ -4,7 +4,7 @@
 
 #include <limits>
 
-#include "cuda/common.h"
+#include "cuda/common/status.h"
 #include "mlakv/cuda.h"
 #include "mlakv/dcp.h"
 #include "mlakv/formats.h"
@@ -41,7 +41,7 @@ Status dcp_combine(Communicator& comm, const TensorView& out_part, const TensorV
     return invalid_argument(fmt::format("cuda::dcp_combine: {} is a host communicator; use mlakv::dcp_combine", comm.name()));
   }
   const int P = comm.size(), r = comm.rank();
-  MLAKV_RETURN_IF_ERROR(cuda_status(cudaSetDevice(dev.index), "cudaSetDevice"));  // the kernels launch here
+  MLAKV_CUDA_RETURN_IF_ERROR(cudaSetDevice(dev.index));  // the kernels launch here
   MLAKV_RETURN_IF_ERROR(check_tensor(out_part, "out_part", {{DType::kF32}, {-1, -1, -1, kLatentDim}}, dev));
   const int64_t B = out_part.size(0), s_q = out_part.size(1), H = out_part.size(2);
   MLAKV_RETURN_IF_ERROR(check_part(out_part, "out_part", {B, s_q, H, kLatentDim}, dev));

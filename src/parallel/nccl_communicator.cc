@@ -9,7 +9,7 @@
 #include <mutex>
 #include <set>
 
-#include "cuda/common.h"
+#include "cuda/common/status.h"
 #include "mlakv/parallel.h"
 #include "parallel/collective_checks.h"
 
@@ -148,7 +148,7 @@ class NcclCommunicator final : public Communicator {
 
 Status check_device(int device, std::string_view fn) {
   int count = 0;
-  MLAKV_RETURN_IF_ERROR(cuda::cuda_status(cudaGetDeviceCount(&count), "cudaGetDeviceCount"));
+  MLAKV_CUDA_RETURN_IF_ERROR(cudaGetDeviceCount(&count));
   if (device < 0 || device >= count) {
     return invalid_argument(fmt::format("{}: device {} is outside the {} visible GPU(s)", fn, device, count));
   }
@@ -160,9 +160,9 @@ StatusOr<std::unique_ptr<Communicator>> wrap(ncclComm_t comm, int rank, int size
   DeviceGuard g(device);
   cudaStream_t stream = nullptr;
   int* flag = nullptr;
-  Status st = cuda::cuda_status(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
-  if (st.ok()) st = cuda::cuda_status(cudaMalloc(&flag, sizeof(int)), "cudaMalloc");
-  if (st.ok()) st = cuda::cuda_status(cudaMemset(flag, 0, sizeof(int)), "cudaMemset");
+  Status st = MLAKV_CUDA_STATUS(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  if (st.ok()) st = MLAKV_CUDA_STATUS(cudaMalloc(&flag, sizeof(int)));
+  if (st.ok()) st = MLAKV_CUDA_STATUS(cudaMemset(flag, 0, sizeof(int)));
   if (!st.ok()) {
     ncclCommDestroy(comm);
     if (flag != nullptr) cudaFree(flag);

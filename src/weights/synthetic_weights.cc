@@ -1,4 +1,4 @@
-#include "weights/synthetic_weights.h"
+#include "mlakv/synthetic_weights.h"
 
 #include <fmt/format.h>
 

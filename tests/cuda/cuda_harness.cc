@@ -17,6 +17,11 @@
 //      2^-8 (1 + e_s) MAV, MAV = sum_t w_t |v_t|;
 //  (3) the fp32 sums over n tokens and S splits: (2n + 8 + 4S) u max|v|.
 // lse: tol = d + (n + 8) u + 4 u |lse| (exp2/log2 approximations included).
+// The sm90 kernel (src/cuda/sm90/attention/) rounds differently for the quantized formats: K/V
+// stay exact (e4m3 * scale, e2m1 * sf; the outer scale moves into q), q's latent part
+// (and an e4m3 rope's q) is rounded to f16 after a per-row power-of-two prescale, and P
+// to f16 (<= 2^-11, inside the 2^-8 term). The emulation applies exactly those q
+// roundings for that kernel, so the same tolerance derivation holds.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -29,10 +34,12 @@
 #include <nlohmann/json.hpp>
 #include <limits>
 #include <numeric>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "cuda/common/status.h"
 #include "format/record_codec.h"
 #include "mlakv/attention.h"
 #include "mlakv/cuda.h"
@@ -41,11 +48,22 @@
 #include "mlakv/mla_layer.h"
 #include "mlakv/safetensors.h"
 #include "../support/attention_case.h"
+#include "../support/record_sweep.h"
+#include "record_reader_kernels.h"
 
 namespace mlakv {
+
+void PrintTo(KvFormat f, std::ostream* os) { *os << format_name(f); }
+
 namespace {
 
-#define CUDA_OK(x) ASSERT_EQ((x), cudaSuccess) << #x << ": " << cudaGetErrorString(x)
+// A CUDA runtime call that must succeed: the library's one CUDA status helper
+// (src/cuda/common/status.h) as a gtest assertion.
+#define CUDA_OK(call)                                       \
+  do {                                                      \
+    const ::mlakv::Status cuda_ok_ = MLAKV_CUDA_STATUS(call); \
+    ASSERT_TRUE(cuda_ok_.ok()) << cuda_ok_.to_string();     \
+  } while (0)
 
 constexpr double kU = 1.0 / (1 << 24);
 constexpr float kSentinel = 12345.5f;
@@ -82,11 +100,42 @@ using test::build;
 using test::token_set;
 
 double bf16r(double x) { return bf16_to_f32(f32_to_bf16(static_cast<float>(x))); }
+double f16r(float x) { return static_cast<double>(static_cast<_Float16>(x)); }  // RNE, subnormals kept
+
+// q as the sm90 kernel rounds it for a quantized format: per row, e = 15 - ex where
+// amax = max |q_lat * base|, |q_rope| < 2^ex; the latent goes to f16 at M = base * 2^e
+// (base = s_l * 2^7 for e2m1, 1 for fp8), the rope to f16 (e4m3 rope) or bf16 at 2^e.
+std::vector<double> sm90_q(const float* q, KvFormat f, float outer) {
+  const bool nvfp4 = f == KvFormat::kNvfp4DsMla || f == KvFormat::kNvfp4DsMlaFp8Rope;
+  const float base = nvfp4 ? outer * 128.0f : 1.0f;
+  float amax = 0.0f;
+  for (int d = 0; d < kQkDim; ++d) amax = std::max(amax, std::fabs(q[d] * (d < kLatentDim ? base : 1.0f)));
+  int e = 0;
+  if (amax > 0.0f && std::isfinite(amax)) {
+    int ex;
+    (void)std::frexp(amax, &ex);
+    e = std::clamp(15 - ex, -100, 100);
+  }
+  const float m_lat = std::ldexp(base, e), m_rope = std::ldexp(1.0f, e);
+  std::vector<double> r(kQkDim);
+  for (int d = 0; d < kQkDim; ++d) {
+    if (d < kLatentDim) {
+      r[static_cast<std::size_t>(d)] = f16r(q[d] * m_lat) / static_cast<double>(m_lat);
+    } else if (f == KvFormat::kNvfp4DsMlaFp8Rope) {
+      r[static_cast<std::size_t>(d)] = f16r(q[d] * m_rope) / static_cast<double>(m_rope);
+    } else {
+      r[static_cast<std::size_t>(d)] = bf16r(q[d]);
+    }
+  }
+  return r;
+}
 
 // Float64 emulation with the kernel's input roundings; also the per-element tolerance.
-void emulate(const Host& t, float scale, std::vector<double>& o, std::vector<double>& lse, std::vector<double>& tol_o,
-             std::vector<double>& tol_l) {
+void emulate(const Host& t, float scale, cuda::AttentionPath path, std::vector<double>& o, std::vector<double>& lse,
+             std::vector<double>& tol_o, std::vector<double>& tol_l) {
   const Case& c = t.c;
+  // The sm90 kernel keeps quantized K/V exact and rounds q its own way (see the top).
+  const bool exact_kv = path == cuda::AttentionPath::kSm90 && c.format != KvFormat::kBf16;
   const int B = static_cast<int>(c.seqlens.size());
   const std::size_t rows = static_cast<std::size_t>(B * c.s_q * c.heads);
   o.assign(rows * kLatentDim, 0.0);
@@ -101,19 +150,27 @@ void emulate(const Host& t, float scale, std::vector<double>& o, std::vector<dou
       for (std::size_t k = 0; k < n; ++k) {
         float lat[kLatentDim], rope[kRopeDim];
         codec::decode_record(t.view.format, t.view.record(slots[k]), t.view.outer_scale, lat, rope);
-        for (int d = 0; d < kLatentDim; ++d) keys[k * kQkDim + static_cast<std::size_t>(d)] = bf16r(lat[d]);
-        for (int d = 0; d < kRopeDim; ++d) keys[k * kQkDim + kLatentDim + static_cast<std::size_t>(d)] = bf16r(rope[d]);
+        for (int d = 0; d < kLatentDim; ++d) keys[k * kQkDim + static_cast<std::size_t>(d)] = exact_kv ? lat[d] : bf16r(lat[d]);
+        for (int d = 0; d < kRopeDim; ++d) {
+          keys[k * kQkDim + kLatentDim + static_cast<std::size_t>(d)] = exact_kv ? rope[d] : bf16r(rope[d]);
+        }
       }
       for (int h = 0; h < c.heads; ++h) {
         const std::size_t row = static_cast<std::size_t>((b * c.s_q + i) * c.heads + h);
         if (n == 0) continue;
         const float* qr = t.q.data() + row * kQkDim;
+        std::vector<double> qe(kQkDim);
+        if (exact_kv) {
+          qe = sm90_q(qr, c.format, t.view.outer_scale);
+        } else {
+          for (int d = 0; d < kQkDim; ++d) qe[static_cast<std::size_t>(d)] = bf16r(qr[d]);
+        }
         std::vector<double> s(n);
         double mx = -INFINITY, dmax = 0;
         for (std::size_t k = 0; k < n; ++k) {
           double dot = 0, sabs = 0;
           for (int d = 0; d < kQkDim; ++d) {
-            const double pr = bf16r(qr[d]) * keys[k * kQkDim + static_cast<std::size_t>(d)];
+            const double pr = qe[static_cast<std::size_t>(d)] * keys[k * kQkDim + static_cast<std::size_t>(d)];
             dot += pr;
             sabs += std::fabs(pr);
           }
@@ -150,7 +207,8 @@ void emulate(const Host& t, float scale, std::vector<double>& o, std::vector<dou
 }
 
 // Runs the case on the device; returns out/lse (guards checked).
-void run_device(const Host& t, std::vector<float>& out, std::vector<float>& lse, bool use_graph = false) {
+void run_device(const Host& t, std::vector<float>& out, std::vector<float>& lse, cuda::AttentionPath& path,
+                bool use_graph = false) {
   const Case& c = t.c;
   const int64_t B = static_cast<int64_t>(c.seqlens.size());
   const std::size_t rows = static_cast<std::size_t>(B * c.s_q * c.heads);
@@ -193,6 +251,7 @@ void run_device(const Host& t, std::vector<float>& out, std::vector<float>& lse,
   p.lse = TensorView::contiguous(d_lse.ptr + kGuard, DType::kF32, {B, c.s_q, c.heads}, Device::cuda(0));
   auto plan = cuda::plan_mla_attention(p);
   ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  path = plan->path;
   DeviceBuffer<uint8_t> ws(std::max<std::size_t>(1, plan->workspace_bytes));
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreate(&stream));
@@ -242,13 +301,15 @@ void check_case(const Case& c, bool use_graph = false) {
   SCOPED_TRACE(test::describe(c));
   Host t = build(c);
   std::vector<float> out, lse;
-  run_device(t, out, lse, use_graph);
+  cuda::AttentionPath path{};
+  run_device(t, out, lse, path, use_graph);
+  SCOPED_TRACE(std::string("kernel path ") + cuda::attention_path_name(path));
   if (::testing::Test::HasFatalFailure()) return;
   if (use_graph) {  // the graph's last replay ran with q negated
     for (float& x : t.q) x = -x;
   }
   std::vector<double> eo, el, to, tl;
-  emulate(t, 0.1352f, eo, el, to, tl);
+  emulate(t, 0.1352f, path, eo, el, to, tl);
   // NaN / Inf first.
   for (std::size_t r = 0; r < lse.size(); ++r) {
     ASSERT_FALSE(std::isnan(lse[r])) << "lse NaN at row " << r;
@@ -291,7 +352,55 @@ class Cuda : public ::testing::Test {
 
 const KvFormat kFormats[] = {KvFormat::kBf16, KvFormat::kFp8DsMla, KvFormat::kNvfp4DsMla, KvFormat::kNvfp4DsMlaFp8Rope};
 
-TEST_F(Cuda, DenseEveryFormatHeadCountAndBlockSize) {
+// ---- attention: one named case per parameter set ------------------------------------------
+// Each case is one GoogleTest test named by its parameters, e.g.
+//   Dense/CudaAttention.MatchesTheEmulation/fp8_ds_mla_H16_sq1_bs33_splits2_dense
+// so any one runs alone with --gtest_filter; it prints its full parameters first.
+struct AttnCase {
+  Case c;
+  bool graph = false;  // capture in a CUDA graph, replay with new contents
+};
+
+std::string case_name(const AttnCase& a) {
+  const Case& c = a.c;
+  std::string s = std::string(format_name(c.format)) + "_H" + std::to_string(c.heads) + "_sq" + std::to_string(c.s_q) +
+                  "_bs" + std::to_string(c.block_size) + "_splits" + std::to_string(c.splits) +
+                  (c.sparse ? "_sparse_topk" + std::to_string(c.topk) : "_dense");
+  if (!c.causal) s += "_full";
+  if (c.bf16_q) s += "_bf16q";
+  if (c.topk_length) s += "_topklen";
+  if (a.graph) s += "_graph";
+  return s;
+}
+
+std::string case_params(const AttnCase& a) {
+  std::string s = test::describe(a.c) + " outer_scale=" + std::to_string(a.c.outer_scale) +
+                  " q=" + (a.c.bf16_q ? "bf16" : "f32") + " seed=" + std::to_string(a.c.seed);
+  if (a.c.topk_length) s += " topk_length";
+  if (a.graph) s += " graph-replay";
+  return s;
+}
+
+void PrintTo(const AttnCase& a, std::ostream* os) { *os << case_params(a); }
+
+class CudaAttention : public ::testing::TestWithParam<AttnCase> {
+ protected:
+  void SetUp() override {
+    if (!have_gpu()) GTEST_FAIL() << "no CUDA device: this harness runs on a GPU machine (tools/gpu_check.sh)";
+  }
+};
+
+TEST_P(CudaAttention, MatchesTheEmulation) {
+  const AttnCase& a = GetParam();
+  std::printf("  case: %s\n", case_params(a).c_str());
+  RecordProperty("case", case_params(a));
+  check_case(a.c, a.graph);
+}
+
+std::string attn_case_name(const ::testing::TestParamInfo<AttnCase>& info) { return case_name(info.param); }
+
+std::vector<AttnCase> dense_cases() {
+  std::vector<AttnCase> v;
   for (KvFormat f : kFormats) {
     for (int heads : {1, 8, 16, 64, 128}) {
       for (int bs : {1, 16, 64, 33}) {
@@ -303,14 +412,15 @@ TEST_F(Cuda, DenseEveryFormatHeadCountAndBlockSize) {
         c.outer_scale = format_info(f).has_outer_scale ? 0.75f : 1.0f;
         c.splits = (heads + bs) % 3 + 1;
         c.seed = static_cast<uint32_t>(heads * 100 + bs);
-        check_case(c);
-        if (HasFatalFailure()) return;
+        v.push_back({c});
       }
     }
   }
+  return v;
 }
 
-TEST_F(Cuda, CausalMultiTokenAndSplits) {
+std::vector<AttnCase> causal_cases() {
+  std::vector<AttnCase> v;
   for (KvFormat f : kFormats) {
     for (int s_q : {1, 2, 4}) {
       for (int splits : {1, 3, 8}) {
@@ -323,8 +433,7 @@ TEST_F(Cuda, CausalMultiTokenAndSplits) {
         c.seqlens = {300, 3, 2, 45};
         c.bf16_q = splits == 3;
         c.seed = static_cast<uint32_t>(s_q * 10 + splits);
-        check_case(c);
-        if (HasFatalFailure()) return;
+        v.push_back({c});
       }
     }
     Case full;
@@ -334,12 +443,13 @@ TEST_F(Cuda, CausalMultiTokenAndSplits) {
     full.s_q = 2;
     full.causal = false;
     full.seqlens = {64, 130};
-    check_case(full);
-    if (HasFatalFailure()) return;
+    v.push_back({full});
   }
+  return v;
 }
 
-TEST_F(Cuda, SparseWithInvalidIndices) {
+std::vector<AttnCase> sparse_cases() {
+  std::vector<AttnCase> v;
   for (KvFormat f : kFormats) {
     for (int heads : {16, 64, 128}) {
       Case c;
@@ -353,13 +463,14 @@ TEST_F(Cuda, SparseWithInvalidIndices) {
       c.splits = heads == 64 ? 3 : 1;
       c.topk_length = heads == 128;
       c.seed = static_cast<uint32_t>(heads);
-      check_case(c);
-      if (HasFatalFailure()) return;
+      v.push_back({c});
     }
   }
+  return v;
 }
 
-TEST_F(Cuda, GraphCaptureAndReplayWithNewContents) {
+std::vector<AttnCase> graph_cases() {
+  std::vector<AttnCase> v;
   for (KvFormat f : {KvFormat::kFp8DsMla, KvFormat::kNvfp4DsMlaFp8Rope}) {
     Case c;
     c.format = f;
@@ -367,13 +478,15 @@ TEST_F(Cuda, GraphCaptureAndReplayWithNewContents) {
     c.heads = 16;
     c.splits = 4;
     c.seqlens = {500, 33};
-    check_case(c, /*use_graph=*/true);
-    if (HasFatalFailure()) return;
+    v.push_back({c, /*graph=*/true});
   }
+  return v;
 }
 
-// The reduced set run under compute-sanitizer memcheck / racecheck.
-TEST_F(Cuda, ReducedSanitizerSet) {
+// The reduced set run under compute-sanitizer memcheck / racecheck (tools/gpu_check.sh
+// filters on the name ReducedSanitizerSet).
+std::vector<AttnCase> sanitizer_cases() {
+  std::vector<AttnCase> v;
   for (KvFormat f : kFormats) {
     Case c;
     c.format = f;
@@ -382,12 +495,175 @@ TEST_F(Cuda, ReducedSanitizerSet) {
     c.block_size = 33;
     c.splits = 2;
     c.seqlens = {70, 0, 5};
+    v.push_back({c});
+    c.sparse = true;
+    c.topk = 40;
+    v.push_back({c});
+  }
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(DenseEveryFormatHeadCountAndBlockSize, CudaAttention, ::testing::ValuesIn(dense_cases()),
+                         attn_case_name);
+INSTANTIATE_TEST_SUITE_P(CausalMultiTokenAndSplits, CudaAttention, ::testing::ValuesIn(causal_cases()), attn_case_name);
+INSTANTIATE_TEST_SUITE_P(SparseWithInvalidIndices, CudaAttention, ::testing::ValuesIn(sparse_cases()), attn_case_name);
+INSTANTIATE_TEST_SUITE_P(GraphCaptureAndReplayWithNewContents, CudaAttention, ::testing::ValuesIn(graph_cases()),
+                         attn_case_name);
+INSTANTIATE_TEST_SUITE_P(ReducedSanitizerSet, CudaAttention, ::testing::ValuesIn(sanitizer_cases()), attn_case_name);
+
+// ---- the record readers: code by code against the scalar codec -------------------------------
+// The sm80 reader (sm80/attention/reader.cuh, the attention's fused dequantization) on
+// every code of the format (support/record_sweep.h). The reader forms the codec's
+// float32 product and rounds it once to bf16 (the K tile's type), so each bf16 must
+// equal bf16_rn(codec value) exactly.
+class CudaRecordReader : public ::testing::TestWithParam<KvFormat> {
+ protected:
+  void SetUp() override {
+    if (!have_gpu()) GTEST_FAIL() << "no CUDA device: this harness runs on a GPU machine (tools/gpu_check.sh)";
+  }
+};
+
+TEST_P(CudaRecordReader, MatchesTheScalarCodecCodeByCode) {
+  const KvFormat f = GetParam();
+  const int rb = record_bytes(f);
+  const int64_t n = test::kSweepRecords;
+  const std::vector<uint8_t> recs = test::sweep_records(f);
+  DeviceBuffer<uint8_t> d_recs(recs.size());
+  d_recs.upload(recs);
+  DeviceBuffer<uint16_t> d_rows(static_cast<std::size_t>(n) * kQkDim);
+  for (float outer : test::sweep_outer_scales(f)) {
+    SCOPED_TRACE(std::string(format_name(f)) + ", outer scale " + std::to_string(outer));
+    std::printf("  sm80 reader, %s, outer scale %g: %lld records\n", std::string(format_name(f)).c_str(), outer,
+                static_cast<long long>(n));
+    CUDA_OK(cudaMemset(d_rows.ptr, 0xFF, d_rows.n * sizeof(uint16_t)));  // NaN until written
+    CUDA_OK(static_cast<cudaError_t>(test::dequantize_records_sm80(f, d_recs.ptr, n, outer, d_rows.ptr, nullptr)));
+    CUDA_OK(cudaDeviceSynchronize());
+    const std::vector<uint16_t> got = d_rows.download();
+    for (int64_t r = 0; r < n; ++r) {
+      float want[kQkDim];
+      codec::decode_record(f, recs.data() + r * rb, outer, want, want + kLatentDim);
+      for (int d = 0; d < kQkDim; ++d) {
+        const uint16_t g = got[static_cast<std::size_t>(r * kQkDim + d)], w = f32_to_bf16(want[d]);
+        ASSERT_EQ(g, w) << "record " << r << " dim " << d << ": reader bf16 0x" << std::hex << g << ", codec "
+                        << want[d] << " -> bf16 0x" << w;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryFormat, CudaRecordReader, ::testing::ValuesIn(kFormats),
+                         [](const ::testing::TestParamInfo<KvFormat>& info) {
+                           return std::string(format_name(info.param));
+                         });
+
+// ---- the kernel paths: the choice, the forced sm80 path, the sm90 edges -----------------------
+// Sets MLAKV_CUDA_ATTENTION for one scope.
+struct KernelEnv {
+  explicit KernelEnv(const char* v) { setenv("MLAKV_CUDA_ATTENTION", v, 1); }
+  ~KernelEnv() { unsetenv("MLAKV_CUDA_ATTENTION"); }
+};
+
+bool is_hopper() {
+  cudaDeviceProp prop{};
+  return cudaGetDeviceProperties(&prop, 0) == cudaSuccess && prop.major == 9;
+}
+
+// On an sm_90 device the default plan must pick the Hopper kernel (so the tests above
+// exercise it there); sm80 forces the portable one; a bad value is a Status.
+TEST_F(Cuda, KernelChoiceFollowsTheDeviceAndTheEnvironment) {
+  Case c;
+  c.format = KvFormat::kFp8DsMla;
+  c.heads = 16;
+  c.seqlens = {10};
+  Host t = build(c);
+  DeviceBuffer<uint8_t> d_cache(static_cast<std::size_t>(t.view.num_slots()) * t.view.record_bytes);
+  std::vector<float> out, lse;
+  MlaAttentionParams p = t.params(out, lse);
+  DeviceBuffer<float> dq(t.q.size()), dout(out.size()), dlse(lse.size());
+  DeviceBuffer<int32_t> dt(t.table.size()), dl(t.seqlens.size());
+  p.q.data = dq.ptr;
+  p.q.device = Device::cuda(0);
+  p.cache.data = d_cache.ptr;
+  p.cache.device = Device::cuda(0);
+  p.block_table.data = dt.ptr;
+  p.block_table.device = Device::cuda(0);
+  p.seqlens.data = dl.ptr;
+  p.seqlens.device = Device::cuda(0);
+  p.out.data = dout.ptr;
+  p.out.device = Device::cuda(0);
+  p.lse.data = dlse.ptr;
+  p.lse.device = Device::cuda(0);
+  {
+    auto plan = cuda::plan_mla_attention(p);
+    ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+    EXPECT_EQ(plan->path, is_hopper() ? cuda::AttentionPath::kSm90 : cuda::AttentionPath::kSm80);
+  }
+  {
+    KernelEnv env("sm80");
+    auto plan = cuda::plan_mla_attention(p);
+    ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+    EXPECT_EQ(plan->path, cuda::AttentionPath::kSm80);
+  }
+  {
+    KernelEnv env("sm90");
+    auto plan = cuda::plan_mla_attention(p);
+    EXPECT_EQ(plan.ok(), is_hopper());
+    p.cache.data = d_cache.ptr + 8;  // misaligned records: only the portable kernel takes them
+    auto misaligned = cuda::plan_mla_attention(p);
+    EXPECT_FALSE(misaligned.ok());
+    p.cache.data = d_cache.ptr;
+  }
+  {
+    KernelEnv env("fastest");
+    auto plan = cuda::plan_mla_attention(p);
+    ASSERT_FALSE(plan.ok());
+    EXPECT_NE(plan.status().message().find("MLAKV_CUDA_ATTENTION"), std::string::npos) << plan.status().to_string();
+  }
+}
+
+// The portable kernel on a reduced set of every kind of case (the default on an H200
+// is the sm90 kernel, which the tests above cover).
+TEST_F(Cuda, PortableKernelWhenForced) {
+  KernelEnv env("sm80");
+  for (KvFormat f : kFormats) {
+    Case c;
+    c.format = f;
+    c.heads = 16;
+    c.s_q = 2;
+    c.block_size = 33;
+    c.splits = 3;
+    c.seqlens = {170, 0, 5};
+    c.outer_scale = format_info(f).has_outer_scale ? 0.75f : 1.0f;
     check_case(c);
     if (HasFatalFailure()) return;
     c.sparse = true;
-    c.topk = 40;
+    c.topk = 70;
     check_case(c);
     if (HasFatalFailure()) return;
+  }
+}
+
+// The sm90 kernel's own edge cases: many tiles per split with the ring wrapping around
+// (stages < tiles), a split boundary inside a tile, tiles that end inside a block,
+// 128 heads (8 row blocks), strided bf16 q and outer scales far from 1.
+TEST_F(Cuda, HopperKernelRingAndSplitEdges) {
+  if (!is_hopper()) GTEST_SKIP() << "not an sm_90 device";
+  KernelEnv env("sm90");
+  for (KvFormat f : kFormats) {
+    for (int variant = 0; variant < 3; ++variant) {
+      Case c;
+      c.format = f;
+      c.block_size = variant == 0 ? 64 : (variant == 1 ? 16 : 1);
+      c.heads = variant == 2 ? 128 : 16;
+      c.s_q = variant == 1 ? 4 : 1;
+      c.splits = variant == 0 ? 1 : 5;
+      c.seqlens = variant == 2 ? std::vector<int>{97} : std::vector<int>{1000, 31, 33, 600};
+      c.bf16_q = variant == 1;
+      c.outer_scale = format_info(f).has_outer_scale ? (variant == 0 ? 1e-3f : 37.0f) : 1.0f;
+      c.seed = static_cast<uint32_t>(900 + variant);
+      check_case(c);
+      if (HasFatalFailure()) return;
+    }
   }
 }
 
@@ -415,6 +691,8 @@ TEST_F(Cuda, WritersAreByteIdenticalToTheCpuCodecs) {
       for (Fp8ScaleMode mode : {Fp8ScaleMode::kPow2, Fp8ScaleMode::kExact}) {
         if (f != KvFormat::kFp8DsMla && mode == Fp8ScaleMode::kExact) continue;
         SCOPED_TRACE(std::string(format_name(f)) + (bf16_in ? " bf16 in" : " f32 in") + (mode == Fp8ScaleMode::kExact ? " exact" : ""));
+        std::printf("  writer: %s, %s input, %s fp8 scales, %d tokens\n", std::string(format_name(f)).c_str(),
+                    bf16_in ? "bf16" : "f32", mode == Fp8ScaleMode::kExact ? "exact" : "pow2", n);
         const float outer = format_info(f).has_outer_scale ? 0.3f : 1.0f;
         const int rb = record_bytes(f);
         // CPU expectation, slot by slot, on a cache poisoned with 0xAB.

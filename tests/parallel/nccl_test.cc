@@ -37,6 +37,7 @@
 #include <thread>
 #include <vector>
 
+#include "cuda/common/status.h"
 #include "format/record_codec.h"
 #include "mlakv/cuda.h"
 #include "mlakv/dcp.h"
@@ -48,12 +49,6 @@ constexpr double kU = 1.0 / (1 << 24);
 constexpr float kScale = 0.1352f;
 constexpr int kHeads = 16;
 const std::vector<int> kSeqlens = {1, 3, 1000, 4097, 0};  // shorter than the ranks, ragged, empty
-
-#define RETURN_IF_CUDA(x)                                                                          \
-  do {                                                                                             \
-    cudaError_t e_ = (x);                                                                          \
-    if (e_ != cudaSuccess) return internal_error(fmt::format("{}: {}", #x, cudaGetErrorString(e_))); \
-  } while (0)
 
 // Move-only: a copy would free the buffer twice (and a vector reallocation would free
 // buffers still in use by queued kernels).
@@ -71,12 +66,12 @@ struct DeviceMem {
     if (p != nullptr) cudaFree(p);
   }
   Status alloc(std::size_t bytes) {
-    RETURN_IF_CUDA(cudaMalloc(&p, std::max<std::size_t>(bytes, 16)));
+    MLAKV_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, std::max<std::size_t>(bytes, 16)));
     return Status::Ok();
   }
   Status upload(const void* src, std::size_t bytes) {
     MLAKV_RETURN_IF_ERROR(alloc(bytes));
-    if (bytes != 0) RETURN_IF_CUDA(cudaMemcpy(p, src, bytes, cudaMemcpyHostToDevice));
+    if (bytes != 0) MLAKV_CUDA_RETURN_IF_ERROR(cudaMemcpy(p, src, bytes, cudaMemcpyHostToDevice));
     return Status::Ok();
   }
 };
@@ -209,7 +204,7 @@ Status attention_on_device(const MlaAttentionParams& host_shape, const CacheLaye
   p.lse.device = dev;
   p.cache = cache;
   cudaDeviceProp prop;
-  RETURN_IF_CUDA(cudaGetDeviceProperties(&prop, device));
+  MLAKV_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, device));
   p.num_splits = cuda::suggest_num_splits(p, prop.multiProcessorCount);
   MLAKV_ASSIGN_OR_RETURN(cuda::AttentionPlan plan, cuda::plan_mla_attention(p));
   keep.emplace_back();
@@ -218,7 +213,7 @@ Status attention_on_device(const MlaAttentionParams& host_shape, const CacheLaye
 }
 
 Status single_gpu(const Case& c, const Host& h, Out& out) {
-  RETURN_IF_CUDA(cudaSetDevice(0));
+  MLAKV_CUDA_RETURN_IF_ERROR(cudaSetDevice(0));
   const int64_t B = static_cast<int64_t>(kSeqlens.size());
   DeviceMem cache_mem, o, l;
   MLAKV_ASSIGN_OR_RETURN(CacheLayerView v, to_device(*h.single, 0, cache_mem));
@@ -236,11 +231,11 @@ Status single_gpu(const Case& c, const Host& h, Out& out) {
   std::vector<DeviceMem> keep;
   MLAKV_RETURN_IF_ERROR(attention_on_device(p, v, 0, h.table, h.seqlens, h.q.data(), static_cast<float*>(o.p),
                                             static_cast<float*>(l.p), nullptr, keep));
-  RETURN_IF_CUDA(cudaDeviceSynchronize());
+  MLAKV_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
   out.o.resize(static_cast<std::size_t>(rows * kLatentDim));
   out.l.resize(static_cast<std::size_t>(rows));
-  RETURN_IF_CUDA(cudaMemcpy(out.o.data(), o.p, out.o.size() * sizeof(float), cudaMemcpyDeviceToHost));
-  RETURN_IF_CUDA(cudaMemcpy(out.l.data(), l.p, out.l.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  MLAKV_CUDA_RETURN_IF_ERROR(cudaMemcpy(out.o.data(), o.p, out.o.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  MLAKV_CUDA_RETURN_IF_ERROR(cudaMemcpy(out.l.data(), l.p, out.l.size() * sizeof(float), cudaMemcpyDeviceToHost));
   return Status::Ok();
 }
 
@@ -248,9 +243,9 @@ Status single_gpu(const Case& c, const Host& h, Out& out) {
 Status dcp_rank(Communicator& comm, const Case& c, const Host& h, Out& out) {
   const int r = comm.rank(), P = comm.size();
   const int device = comm.device().index;
-  RETURN_IF_CUDA(cudaSetDevice(device));
+  MLAKV_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
   cudaStream_t stream;
-  RETURN_IF_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  MLAKV_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   const int64_t B = static_cast<int64_t>(kSeqlens.size());
   DeviceMem cache_mem, op, lp, o, l, ws;
   MLAKV_ASSIGN_OR_RETURN(CacheLayerView v, to_device(*h.ranks[static_cast<std::size_t>(r)], device, cache_mem));
@@ -286,11 +281,11 @@ Status dcp_rank(Communicator& comm, const Case& c, const Host& h, Out& out) {
                                           TensorView::contiguous(l.p, DType::kF32, {B, c.s_q, Hl}, dev), ws.p, wsb));
   MLAKV_RETURN_IF_ERROR(comm.synchronize());
   MLAKV_RETURN_IF_ERROR(comm.set_stream(nullptr));
-  RETURN_IF_CUDA(cudaStreamDestroy(stream));
+  MLAKV_CUDA_RETURN_IF_ERROR(cudaStreamDestroy(stream));
   out.o.resize(static_cast<std::size_t>(B * c.s_q * Hl * kLatentDim));
   out.l.resize(static_cast<std::size_t>(B * c.s_q * Hl));
-  RETURN_IF_CUDA(cudaMemcpy(out.o.data(), o.p, out.o.size() * sizeof(float), cudaMemcpyDeviceToHost));
-  RETURN_IF_CUDA(cudaMemcpy(out.l.data(), l.p, out.l.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  MLAKV_CUDA_RETURN_IF_ERROR(cudaMemcpy(out.o.data(), o.p, out.o.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  MLAKV_CUDA_RETURN_IF_ERROR(cudaMemcpy(out.l.data(), l.p, out.l.size() * sizeof(float), cudaMemcpyDeviceToHost));
   return Status::Ok();
 }
 

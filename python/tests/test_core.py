@@ -1,0 +1,283 @@
+"""mlakv's Python package against numpy references, the C++ CLI, and its own contracts
+(zero copy, errors that name the argument)."""
+import json
+import os
+import subprocess
+
+import numpy as np
+import pytest
+
+import mlakv
+import reference as ref
+
+FORMATS = ["bf16", "fp8_ds_mla", "nvfp4_ds_mla", "nvfp4_ds_mla_fp8rope"]
+
+
+def latents(rng, n):
+    # RMS-normed-like latents with a few outlier channels, and unit rope.
+    gamma = np.exp(rng.normal(np.log(0.3), 0.6, 512)).astype(np.float32)
+    gamma[:6] *= 10
+    lat = (rng.standard_normal((n, 512)) * gamma).astype(np.float32)
+    rope = rng.standard_normal((n, 64)).astype(np.float32)
+    return lat, rope
+
+
+def test_formats_table():
+    cli = os.environ.get("MLAKV_CLI")
+    fm = {f["name"]: f for f in mlakv.formats()}
+    assert set(FORMATS) <= set(fm)
+    for name in FORMATS:
+        f = fm[name]
+        assert mlakv.record_bytes(name) == f["record_bytes"]
+        # Regions tile the record in order.
+        end = 0
+        for off, nbytes, _ in f["regions"]:
+            assert off == end
+            end = off + nbytes
+        assert end == f["record_bytes"]
+    assert [fm[n]["record_bytes"] for n in FORMATS] == [1152, 656, 432, 368]
+    if cli:
+        out = json.loads(subprocess.run([cli, "formats", "--json"], check=True, capture_output=True).stdout)
+        rows = out["formats"] if isinstance(out, dict) else out
+        by = {r["name"]: r for r in rows}
+        for name in FORMATS:
+            assert by[name]["bytes_per_token_per_layer"] == fm[name]["record_bytes"]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_encode_decode_against_numpy_reader(rng, fmt):
+    lat, rope = latents(rng, 257)
+    scale = 0.37 if fmt.startswith("nvfp4") else 1.0
+    rec = mlakv.encode(lat, rope, fmt, outer_scale=scale)
+    assert rec.dtype == np.uint8 and rec.shape == (257, mlakv.record_bytes(fmt))
+    l2, r2 = mlakv.decode(rec, fmt, outer_scale=scale)
+    lr, rr = ref.decode(rec, fmt, outer_scale=scale)
+    # The numpy reader, written from the byte tables, reads the same values bit for bit
+    # (every product is exact in float32).
+    np.testing.assert_array_equal(l2.astype(np.float64), lr.astype(np.float32).astype(np.float64))
+    np.testing.assert_array_equal(r2.astype(np.float64), rr.astype(np.float32).astype(np.float64))
+    # And the round trip is close to the input (loose: each format's own rounding).
+    tol = {"bf16": 1e-2, "fp8_ds_mla": 0.07, "nvfp4_ds_mla": 0.5, "nvfp4_ds_mla_fp8rope": 0.5}[fmt]
+    assert np.linalg.norm(l2 - lat) / np.linalg.norm(lat) < tol
+
+
+def test_encode_writes_into_the_callers_buffer(rng):
+    lat, rope = latents(rng, 8)
+    out = np.zeros((8, 656), dtype=np.uint8)
+    got = mlakv.encode(lat, rope, "fp8_ds_mla", out=out)
+    assert np.shares_memory(got, out)
+    np.testing.assert_array_equal(out, mlakv.encode(lat, rope, "fp8_ds_mla"))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("block_size", [1, 16, 33])
+def test_mla_decode_against_numpy(rng, fmt, block_size):
+    T, H, S = 150, 8, 2
+    lat, rope = latents(rng, T)
+    cache = mlakv.PagedCache(num_blocks=(T + block_size - 1) // block_size + 3, block_size=block_size,
+                             formats=[fmt])
+    other = cache.add_sequence()
+    cache.append(other, block_size)  # the sequence under test does not start at block 0
+    seq = cache.add_sequence()
+    slots = cache.append(seq, T)
+    cache.write(0, slots, lat, rope)
+    table, seqlens = cache.tables([seq])
+    q = rng.standard_normal((1, S, H, 576)).astype(np.float32)
+    scale = 1.0 / np.sqrt(192.0)
+    out, lse = mlakv.mla_decode(q, cache.layer(0), table, seqlens, softmax_scale=scale, num_splits=3)
+    rec = cache.layer(0).tensor().reshape(-1, mlakv.record_bytes(fmt))[slots]
+    kl, kr = ref.decode(rec, fmt)
+    keys = np.concatenate([kl, kr], axis=1)
+    for i in range(S):
+        ro, rl = ref.attention(q[0, i], keys, scale, T - S + i + 1)  # causal
+        # float32 kernel vs float64 reference on the same records.
+        np.testing.assert_allclose(out[0, i], ro, rtol=0, atol=2e-4 * np.abs(ro).max() + 1e-6)
+        np.testing.assert_allclose(lse[0, i], rl, rtol=1e-5, atol=1e-5)
+
+
+def test_sparse_decode_skips_invalid_indices(rng):
+    T, H = 64, 4
+    lat, rope = latents(rng, T)
+    cache = mlakv.PagedCache(num_blocks=4, block_size=16, formats=["bf16"])
+    seq = cache.add_sequence()
+    slots = cache.append(seq, T)
+    cache.write(0, slots, lat, rope)
+    q = rng.standard_normal((1, 1, H, 576)).astype(np.float32)
+    chosen = np.array([3, 17, 40, 63], dtype=np.int32)
+    idx = np.array([[[3, -1, 17, 40, 10**6, 63]]], dtype=np.int32)
+    out, lse = mlakv.mla_decode(q, cache.layer(0), softmax_scale=0.1, indices=idx)
+    kl, kr = ref.decode(cache.layer(0).tensor().reshape(-1, 1152)[chosen], "bf16")
+    ro, rl = ref.attention(q[0, 0], np.concatenate([kl, kr], axis=1), 0.1, len(chosen))
+    np.testing.assert_allclose(out[0, 0], ro, atol=1e-4 * np.abs(ro).max())
+    np.testing.assert_allclose(lse[0, 0], rl, rtol=1e-5)
+
+
+def test_out_and_lse_are_written_in_place(rng):
+    lat, rope = latents(rng, 20)
+    cache = mlakv.PagedCache(num_blocks=2, block_size=16, formats=["fp8_ds_mla"])
+    seq = cache.add_sequence()
+    cache.write(0, cache.append(seq, 20), lat, rope)
+    table, seqlens = cache.tables([seq])
+    q = rng.standard_normal((1, 1, 2, 576)).astype(np.float32)
+    out = np.full((1, 1, 2, 512), np.nan, dtype=np.float32)
+    lse = np.full((1, 1, 2), np.nan, dtype=np.float32)
+    o2, l2 = mlakv.mla_decode(q, cache.layer(0), table, seqlens, softmax_scale=0.1, out=out, lse=lse)
+    assert np.shares_memory(o2, out) and np.shares_memory(l2, lse)
+    assert np.isfinite(out).all() and np.isfinite(lse).all()
+
+
+def test_vllm_style_kv_cache_tensor_used_in_place(rng):
+    # A serving engine's layer cache: [num_blocks, block_size, record_bytes] uint8, written
+    # by write_cache through a slot mapping (-1 = padding) and read by mla_decode, no copies.
+    nb, bs = 6, 16
+    kv = np.zeros((nb, bs, 656), dtype=np.uint8)
+    lat, rope = latents(rng, 5)
+    slot_mapping = np.array([17, -1, 18, 40, 41], dtype=np.int64)
+    mlakv.write_cache(kv, slot_mapping, lat, rope, format="fp8_ds_mla")
+    flat = kv.reshape(-1, 656)
+    expect = mlakv.encode(lat, rope, "fp8_ds_mla")
+    for i, s in enumerate(slot_mapping):
+        if s >= 0:
+            np.testing.assert_array_equal(flat[s], expect[i])
+    assert not flat[[0, 16, 19, 39, 42]].any()  # nothing else was touched
+    layer = mlakv.cache_layer(kv, "fp8_ds_mla")
+    assert np.shares_memory(layer.tensor(), kv)
+    # The FlashMLA byte convention: the first 512 bytes e4m3, 4 fp32 scales, bf16 rope.
+    scales = flat[17, 512:528].copy().view(np.float32)
+    assert np.all(scales > 0) and np.all(np.log2(scales) == np.round(np.log2(scales)))  # pow2 tile scales
+
+
+def test_merge_attn_states_against_numpy(rng):
+    P, N, D = 3, 5, 512
+    o = rng.standard_normal((P, N, D)).astype(np.float32)
+    lse = rng.standard_normal((P, N)).astype(np.float32)
+    lse[1, 2] = -np.inf  # an empty partial contributes nothing
+    out, l = mlakv.merge_attn_states(o, lse)
+    w = np.exp(lse.astype(np.float64) - np.max(lse, axis=0))
+    ref_l = np.log(w.sum(axis=0)) + np.max(lse, axis=0)
+    ref_o = (w[:, :, None] * o).sum(axis=0) / w.sum(axis=0)[:, None]
+    np.testing.assert_allclose(l, ref_l, rtol=1e-6)
+    np.testing.assert_allclose(out, ref_o, rtol=1e-5, atol=1e-6)
+
+
+def test_paged_cache_sequences():
+    c = mlakv.PagedCache(num_blocks=4, block_size=4, formats=["bf16"])
+    a = c.add_sequence()
+    s = c.append(a, 6)
+    assert s.dtype == np.int64 and len(s) == 6 and c.length(a) == 6
+    b = c.fork(a)
+    assert c.length(b) == 6
+    assert c.block_table(b)[0] == c.block_table(a)[0]  # full block shared
+    assert c.block_table(b)[1] != c.block_table(a)[1]  # partial tail copied
+    c.free(a)
+    c.free(b)
+    assert c.num_free_blocks == 4
+    with pytest.raises(MemoryError):
+        c.append(c.add_sequence(), 17)
+
+
+def test_plan_matches_the_cli():
+    cli = os.environ.get("MLAKV_CLI")
+    r = mlakv.plan("glm-5.2", format="fp8_ds_mla")
+    assert r["bytes_per_token"] == 79 * 656 + 22 * 132
+    if cli:
+        out = subprocess.run([cli, "plan", "--model", "glm-5.2", "--format", "fp8_ds_mla", "--json"],
+                             capture_output=True, text=True)
+        if out.returncode == 0:
+            j = json.loads(out.stdout)
+            assert j["bytes_per_token"] == r["bytes_per_token"]
+
+
+def test_calibrator_and_scale_files(rng, tmp_path):
+    cal = mlakv.Calibrator()
+    x0 = (rng.standard_normal((10, 512)) * 0.02).astype(np.float32)
+    x1 = (rng.standard_normal((7, 512)) * 5).astype(np.float32)
+    cal.add(0, x0)
+    cal.add(1, x1)
+    s = cal.finish()
+    np.testing.assert_allclose(s.scales, [np.abs(x0).max() / 2688.0, np.abs(x1).max() / 2688.0], rtol=1e-7)
+    path = str(tmp_path / "scales.json")
+    s.save(path)
+    t = mlakv.load_outer_scales(path)
+    assert t.scales == s.scales
+    assert t.scale_for(5) == 1.0  # layers past the file keep 1.0
+    with pytest.raises(ValueError):
+        mlakv.parse_outer_scales('{"format": "nvfp4_ds_mla_outer_scale_v1"}')
+
+
+# ---- every bad argument raises, naming it ------------------------------------------------
+
+def _cache_and_tables(rng):
+    lat, rope = latents(rng, 10)
+    c = mlakv.PagedCache(num_blocks=2, block_size=16, formats=["bf16"])
+    seq = c.add_sequence()
+    c.write(0, c.append(seq, 10), lat, rope)
+    t, s = c.tables([seq])
+    return c, t, s
+
+
+def test_bad_arguments_raise(rng):
+    c, t, s = _cache_and_tables(rng)
+    q = rng.standard_normal((1, 1, 4, 576)).astype(np.float32)
+    layer = c.layer(0)
+    with pytest.raises(ValueError, match="q"):
+        mlakv.mla_decode(q[..., :500], layer, t, s, softmax_scale=0.1)
+    with pytest.raises(ValueError, match="q"):
+        mlakv.mla_decode(q.astype(np.float64), layer, t, s, softmax_scale=0.1)
+    with pytest.raises(ValueError, match="q"):
+        mlakv.mla_decode(np.ascontiguousarray(np.repeat(q, 2, axis=3))[..., ::2], layer, t, s, softmax_scale=0.1)
+    with pytest.raises(ValueError, match="softmax_scale"):
+        mlakv.mla_decode(q, layer, t, s, softmax_scale=-1.0)
+    with pytest.raises(ValueError, match="seqlens"):
+        mlakv.mla_decode(q, layer, t, s.astype(np.int64), softmax_scale=0.1)
+    with pytest.raises(ValueError, match="block_table"):
+        mlakv.mla_decode(q, layer, None, s, softmax_scale=0.1)
+    with pytest.raises(IndexError, match="block_table"):
+        mlakv.mla_decode(q, layer, np.array([[5]], dtype=np.int32), np.array([10], dtype=np.int32), softmax_scale=0.1)
+    with pytest.raises(ValueError, match="num_splits"):
+        mlakv.mla_decode(q, layer, t, s, softmax_scale=0.1, num_splits=0)
+    with pytest.raises(ValueError, match="out"):
+        mlakv.mla_decode(q, layer, t, s, softmax_scale=0.1, out=np.zeros((1, 1, 4, 511), dtype=np.float32))
+    with pytest.raises(TypeError):
+        mlakv.mla_decode(q.astype(np.complex64), layer, t, s, softmax_scale=0.1)
+    with pytest.raises(ValueError, match="format"):
+        mlakv.encode(np.zeros((1, 512), np.float32), np.zeros((1, 64), np.float32), "fp9")
+    with pytest.raises(ValueError, match="fp8_scales"):
+        mlakv.encode(np.zeros((1, 512), np.float32), np.zeros((1, 64), np.float32), "fp8_ds_mla", fp8_scales="x")
+    with pytest.raises(ValueError, match="token 0"):
+        mlakv.encode(np.full((1, 512), np.nan, np.float32), np.zeros((1, 64), np.float32), "fp8_ds_mla")
+    with pytest.raises(ValueError, match="kv_cache"):
+        mlakv.cache_layer(np.zeros((2, 16, 655), np.uint8), "fp8_ds_mla")
+    with pytest.raises(ValueError, match="kv_cache"):
+        mlakv.cache_layer(np.zeros((2, 16, 1312), np.uint8)[:, :, ::2], "fp8_ds_mla")
+    with pytest.raises(IndexError, match="slot"):
+        mlakv.write_cache(np.zeros((1, 4, 1152), np.uint8), np.array([4]), np.zeros((1, 512), np.float32),
+                          np.zeros((1, 64), np.float32), format="bf16")
+    with pytest.raises(ValueError, match="formats"):
+        mlakv.PagedCache(num_blocks=2, num_layers=3, formats=["bf16", "fp8_ds_mla"])
+    with pytest.raises(ValueError):
+        mlakv.set_num_threads(-1)
+
+
+def test_failed_write_changes_nothing(rng):
+    kv = np.zeros((1, 4, 656), np.uint8)
+    lat, rope = latents(rng, 2)
+    lat[1, 7] = np.inf
+    with pytest.raises(ValueError):
+        mlakv.write_cache(kv, np.array([0, 1]), lat, rope, format="fp8_ds_mla")
+    assert not kv.any()
+
+
+def test_torch_tensors_cross_without_copies(rng):
+    torch = pytest.importorskip("torch")
+    lat, rope = latents(rng, 4)
+    kv = torch.zeros((2, 16, 432), dtype=torch.uint8)
+    mlakv.write_cache(kv, torch.tensor([0, 1, 2, 3]), torch.from_numpy(lat), torch.from_numpy(rope),
+                      format="nvfp4_ds_mla")
+    np.testing.assert_array_equal(kv.numpy().reshape(-1, 432)[:4], mlakv.encode(lat, rope, "nvfp4_ds_mla"))
+    q = torch.randn(1, 1, 2, 576)
+    out = torch.empty(1, 1, 2, 512)
+    lse = torch.empty(1, 1, 2)
+    mlakv.mla_decode(q, mlakv.cache_layer(kv, "nvfp4_ds_mla"), torch.tensor([[0]], dtype=torch.int32),
+                     torch.tensor([4], dtype=torch.int32), softmax_scale=0.1, out=out, lse=lse)
+    assert torch.isfinite(out).all()

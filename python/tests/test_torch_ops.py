@@ -1,0 +1,106 @@
+"""torch.ops.mlakv against the nanobind API (the same C++ calls), a torch.compile trace through
+the fake implementations, and (on a GPU) a CUDA graph replay through the custom ops."""
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+import mlakv  # noqa: E402
+
+ops = pytest.importorskip("mlakv.torch_ops")
+pytestmark = pytest.mark.skipif(not ops.available, reason="built without torch >= 2.10")
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() and mlakv.cuda_available() else [])
+
+
+def _case(device, fmt, T=150, H=16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    rb = mlakv.record_bytes(fmt)
+    nb = (T + 63) // 64
+    kv = torch.zeros(nb, 64, rb, dtype=torch.uint8, device=device)
+    lat, rope = torch.randn(T, 512, generator=g).to(device), torch.randn(T, 64, generator=g).to(device)
+    slots = torch.arange(T, device=device)
+    q = torch.randn(1, 1, H, 576, generator=g).to(device)
+    table = torch.arange(nb, dtype=torch.int32, device=device).reshape(1, nb)
+    seqlens = torch.tensor([T], dtype=torch.int32, device=device)
+    return kv, slots, lat, rope, q, table, seqlens
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmt", ["bf16", "fp8_ds_mla", "nvfp4_ds_mla", "nvfp4_ds_mla_fp8rope"])
+def test_ops_match_the_binding(device, fmt):
+    kv, slots, lat, rope, q, table, seqlens = _case(device, fmt)
+    ops.write_cache(kv, slots, lat, rope, format=fmt)
+    out = torch.empty(1, 1, 16, 512, device=device)
+    lse = torch.empty(1, 1, 16, device=device)
+    ops.mla_decode(q, kv, table, seqlens, out, lse, format=fmt, softmax_scale=0.1)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    ref_kv = np.zeros(tuple(kv.shape), np.uint8)
+    mlakv.write_cache(ref_kv, slots.cpu().numpy(), lat.cpu().numpy(), rope.cpu().numpy(), format=fmt)
+    np.testing.assert_array_equal(kv.cpu().numpy(), ref_kv)
+    ref_o, ref_l = mlakv.mla_decode(q.cpu().numpy(), mlakv.cache_layer(ref_kv, fmt), table.cpu().numpy(),
+                                    seqlens.cpu().numpy(), softmax_scale=0.1)
+    err = np.linalg.norm(out.cpu().numpy() - ref_o) / np.linalg.norm(ref_o)
+    assert err < (1e-6 if device == "cpu" else 2 ** -6), err
+
+
+def test_bad_arguments_raise():
+    kv, slots, lat, rope, q, table, seqlens = _case("cpu", "fp8_ds_mla")
+    with pytest.raises(ValueError):
+        ops.write_cache(kv, slots, lat, rope, format="fp9")
+    with pytest.raises(RuntimeError, match="latent"):
+        ops.write_cache(kv, slots, lat[:, :500], rope, format="fp8_ds_mla")
+    out = torch.empty(1, 1, 16, 511)
+    lse = torch.empty(1, 1, 16)
+    with pytest.raises(RuntimeError, match="out"):
+        ops.mla_decode(q, kv, table, seqlens, out, lse, format="fp8_ds_mla", softmax_scale=0.1)
+
+
+def test_traces_under_torch_compile():
+    kv, slots, lat, rope, q, table, seqlens = _case("cpu", "bf16")
+    ops.write_cache(kv, slots, lat, rope, format="bf16")
+
+    def step(q, kv, table, seqlens, out, lse):
+        torch.ops.mlakv.mla_decode(q, kv, table, seqlens, out, lse, ops.FORMATS["bf16"], 1.0, 0.1, True, 1, None)
+        return out * 2
+
+    out = torch.empty(1, 1, 16, 512)
+    lse = torch.empty(1, 1, 16)
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    got = compiled(q, kv, table, seqlens, out, lse)
+    ref_o, _ = mlakv.mla_decode(q.numpy(), mlakv.cache_layer(kv.numpy(), "bf16"), table.numpy(), seqlens.numpy(),
+                                softmax_scale=0.1)
+    np.testing.assert_allclose(got.numpy(), 2 * ref_o, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.skipif("cuda" not in DEVICES, reason="needs a GPU")
+def test_cuda_graph_replay_through_the_custom_ops():
+    fmt = "nvfp4_ds_mla"
+    kv, slots, lat, rope, q, table, seqlens = _case("cuda", fmt, T=200)
+    out = torch.empty(1, 1, 16, 512, device="cuda")
+    lse = torch.empty(1, 1, 16, device="cuda")
+
+    def step():
+        ops.write_cache(kv, slots, lat, rope, format=fmt, outer_scale=0.5)
+        ops.mla_decode(q, kv, table, seqlens, out, lse, format=fmt, softmax_scale=0.1, outer_scale=0.5)
+
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        step()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    g = torch.Generator().manual_seed(5)
+    for _ in range(3):
+        lat.copy_(torch.randn(200, 512, generator=g))
+        q.copy_(torch.randn(1, 1, 16, 576, generator=g))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref_kv = np.zeros(tuple(kv.shape), np.uint8)
+        mlakv.write_cache(ref_kv, slots.cpu().numpy(), lat.cpu().numpy(), rope.cpu().numpy(), format=fmt,
+                          outer_scale=0.5)
+        np.testing.assert_array_equal(kv.cpu().numpy(), ref_kv)
+        ref_o, _ = mlakv.mla_decode(q.cpu().numpy(), mlakv.cache_layer(ref_kv, fmt, outer_scale=0.5),
+                                    table.cpu().numpy(), seqlens.cpu().numpy(), softmax_scale=0.1)
+        assert np.linalg.norm(out.cpu().numpy() - ref_o) / np.linalg.norm(ref_o) < 2 ** -6

@@ -1,0 +1,79 @@
+// The table of attention kernel paths (attention_path.h).
+#include "cuda/api/attention_path.h"
+
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "cuda/sm80/attention/launch.h"
+#ifdef MLAKV_CUDA_HAVE_ARCH_90a
+#include "cuda/sm90/attention/launch.h"
+#endif
+
+namespace mlakv::cuda {
+namespace {
+
+bool sm80_serves(const MlaAttentionParams& /*p*/) { return true; }  // every supported GPU and shape
+
+constexpr AttentionKernels kSm80Kernels{"sm80",
+                                        sm80::kAttentionRows,
+                                        &sm80_serves,
+                                        &sm80::configure_attention,
+                                        &sm80::attention_ctas_per_sm,
+                                        &sm80::launch_attention};
+
+#ifdef MLAKV_CUDA_HAVE_ARCH_90a
+bool sm90_serves(const MlaAttentionParams& p) {
+  return sm90::supports(p.cache.format, p.cache.record_bytes, p.cache.data) && sm90::available(p.cache.device.index);
+}
+constexpr AttentionKernels kSm90Kernels{"sm90",
+                                        sm90::kAttentionRows,
+                                        &sm90_serves,
+                                        &sm90::configure_attention,
+                                        &sm90::attention_ctas_per_sm,
+                                        &sm90::launch_attention};
+#else
+// A binary built without 90a: the kSm90 entry serves nothing.
+bool never_serves(const MlaAttentionParams& /*p*/) { return false; }
+int no_configure(KvFormat /*format*/, int /*record_bytes*/) { return static_cast<int>(cudaErrorInvalidValue); }
+int no_ctas(KvFormat /*format*/, int /*record_bytes*/) { return 0; }
+int no_launch(KvFormat /*format*/, const kernels::AttentionParams& /*p*/, int /*row_blocks*/, void* /*stream*/) {
+  return static_cast<int>(cudaErrorInvalidValue);
+}
+constexpr AttentionKernels kSm90Kernels{"sm90", 16, &never_serves, &no_configure, &no_ctas, &no_launch};
+#endif
+
+}  // namespace
+
+const char* attention_path_name(AttentionPath path) { return attention_kernels(path).name; }
+
+StatusOr<AttentionPath> select_attention_path(const MlaAttentionParams& p) {
+  const char* env = std::getenv("MLAKV_CUDA_ATTENTION");
+  const bool force_sm80 = env != nullptr && std::strcmp(env, "sm80") == 0;
+  const bool require_sm90 = env != nullptr && std::strcmp(env, "sm90") == 0;
+  if (env != nullptr && *env != '\0' && !force_sm80 && !require_sm90 && std::strcmp(env, "auto") != 0) {
+    return invalid_argument(fmt::format("MLAKV_CUDA_ATTENTION='{}': expected sm80, sm90 or auto", env));
+  }
+  if (force_sm80) return AttentionPath::kSm80;
+  const bool sm90 = attention_kernels(AttentionPath::kSm90).serves(p);
+  if (require_sm90 && !sm90) {
+    return invalid_argument(fmt::format(
+        "MLAKV_CUDA_ATTENTION=sm90: the Hopper kernel cannot run here (needs a compute capability 9.0 device, a "
+        "binary built with 90a in MLAKV_CUDA_ARCHS, one of the four formats at L=512 R=64 and a 16-byte aligned "
+        "cache; got {}, {} B records)",
+        device_name(p.cache.device), p.cache.record_bytes));
+  }
+  return sm90 ? AttentionPath::kSm90 : AttentionPath::kSm80;
+}
+
+const AttentionKernels& attention_kernels(AttentionPath path) {
+  switch (path) {
+    case AttentionPath::kSm80: return kSm80Kernels;
+    case AttentionPath::kSm90: return kSm90Kernels;
+  }
+  return kSm80Kernels;
+}
+
+}  // namespace mlakv::cuda

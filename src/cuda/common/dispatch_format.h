@@ -1,0 +1,38 @@
+// The one runtime-to-compile-time switch over record formats of the CUDA backend:
+// dispatch_format(f, fallback, fn) calls fn(FormatTag<F>{}) for the KvFormat f, so
+// a kernel template is instantiated once per format and picked at run time without a
+// switch at every call site. `fallback` is returned for a value outside the enum
+// (the API layer validates formats first, so that means memory corruption or a new
+// enumerator without a case here: the static_assert below catches the latter).
+//
+//   return dispatch_format(format, int{cudaErrorInvalidValue},
+//                          [&](auto tag) { return launch<decltype(tag)::value>(p, stream); });
+//
+// Plain C++ (no CUDA headers): host API files and .cu files both include it.
+#pragma once
+
+#include <utility>
+
+#include "mlakv/formats.h"
+
+namespace mlakv::cuda {
+
+template <KvFormat F>
+struct FormatTag {
+  static constexpr KvFormat value = F;
+};
+
+static_assert(kNumKvFormats == 4, "dispatch_format: add a case for the new KvFormat");
+
+template <class R, class Fn>
+R dispatch_format(KvFormat f, R fallback, Fn&& fn) {
+  switch (f) {
+    case KvFormat::kBf16: return std::forward<Fn>(fn)(FormatTag<KvFormat::kBf16>{});
+    case KvFormat::kFp8DsMla: return std::forward<Fn>(fn)(FormatTag<KvFormat::kFp8DsMla>{});
+    case KvFormat::kNvfp4DsMla: return std::forward<Fn>(fn)(FormatTag<KvFormat::kNvfp4DsMla>{});
+    case KvFormat::kNvfp4DsMlaFp8Rope: return std::forward<Fn>(fn)(FormatTag<KvFormat::kNvfp4DsMlaFp8Rope>{});
+  }
+  return fallback;
+}
+
+}  // namespace mlakv::cuda

@@ -1,0 +1,27 @@
+// Params of the cache writer (include/mlakv/cuda.h write_cache): n tokens encoded
+// into their slots of one device cache layer. Strides in elements.
+#pragma once
+
+#include <cstdint>
+
+#include "mlakv/codec.h"
+
+namespace mlakv::cuda::kernels {
+
+struct WriterParams {
+  uint8_t* cache;  // [num_slots, record_bytes] u8: one layer, slot-major
+  int64_t num_slots;
+  int record_bytes;
+  float outer_scale;       // nvfp4 s_l: latents are encoded as latent / s_l
+  Fp8ScaleMode fp8_mode;   // fp8_ds_mla tile scales
+  const int64_t* slots;    // [n] i64, contiguous; < 0 skipped, >= num_slots skipped and counted
+  int64_t n;
+  const void* latent;      // [n, 512] f32, or bf16 when bf16_input; row stride latent_stride
+  int64_t latent_stride;
+  const void* rope;        // [n, 64] same dtype as latent; row stride rope_stride
+  int64_t rope_stride;
+  bool bf16_input;
+  int* error_count;        // [1] i32 on the device, or null: += 1 per slot past the layer
+};
+
+}  // namespace mlakv::cuda::kernels

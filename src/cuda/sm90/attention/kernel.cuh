@@ -1,0 +1,768 @@
+// MLA attention on Hopper (sm_90a), warp-specialized: the kernel template of the sm90
+// path (launch.h), instantiated once per record format in instantiations/<format>.cu.
+// Same semantics as the sm80 path (src/cuda/sm80/attention/kernel.cuh); design notes in
+// docs/design.md ("Hopper kernels").
+//
+// One CTA = 16 query rows x one KV split of one request (dense) or one query (sparse),
+// 5 warps:
+//  - warp 4, the producer, walks the block table (or the top-k list) one tile of 32
+//    tokens at a time, lane t owning token t: it issues cp.async.bulk copies straight
+//    from the cache into a ring of shared-memory stages (one per run of consecutive
+//    slots, i.e. per block, for the unpadded formats; one per record for bf16, whose
+//    rows are padded), completion counted in bytes on the stage's `full` mbarrier,
+//    zero-fills invalid tokens and publishes the tile's validity mask. Consumers hand
+//    stages back on `empty` mbarriers and never touch the block table.
+//  - warps 0..3, the consumers. Warp w owns latent dims [128w, 128w+128) for both MMAs
+//    (scores and output columns) and feeds mma.sync m16n8k16 through ldmatrix:
+//      bf16      straight from the record rows (padded to 1168 B, conflict-free);
+//      quantized each warp dequantizes its 128-column slice of the tile once into a
+//                warp-private f16 slice (exact values, no CTA barrier), read by
+//                ldmatrix for Q K^T and ldmatrix.trans for P V;
+//      fp8       cvt.rn.f16x2.e4m3x2; the 128-dim tile scale multiplies the partial
+//                scores of that tile and, for P V, the weights P (slice w = tile w);
+//      e2m1      two nibbles -> one f16x2 by shift/mask (scaled by 2^-14), one
+//                mul.f16x2 by the group scale * 2^7; the outer scale s_l and the 2^7
+//                are folded into q and into the output.
+//    Rope dims [16w, 16w+16) come from the records; the four partial score tiles meet in
+//    shared memory once per tile (one named barrier), every warp then runs the same
+//    online softmax on the summed scores, so no other exchange is needed.
+// q is rounded once per CTA: bf16 for the bf16 format; f16 for the quantized latent
+// (and the e4m3 rope) after a per-row power-of-two prescale that keeps it in f16's
+// range (folded back into the softmax scale); bf16 rope stays bf16.
+// Split-KV partials go to the workspace (params/attention.h layout); smxx's combine,
+// launched by the API layer, merges them.
+// Records are addressed through common/record_part.cuh: consumer warp w owns the
+// reader's quarter w (latent dims [128w, 128w+128), rope dims [16w, 16w+16)).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <type_traits>
+
+#include "cuda/common/record_part.cuh"
+#include "cuda/sm80/attention/mma.cuh"  // the sm_80+ ldmatrix wrappers (mlakv::cuda::ptx)
+#include "cuda/sm90/attention/launch.h"
+#include "cuda/sm90/attention/ptx.cuh"
+#include "mlakv/numerics.h"
+
+namespace mlakv::cuda::sm90 {
+namespace {
+
+using kernels::AttentionParams;
+
+constexpr int kRows = kAttentionRows;
+constexpr int kT = 32;                    // tokens per tile (= producer lanes)
+constexpr int kNT = kT / 8;               // score n-tiles per tile
+[[maybe_unused]] constexpr int kKS = kT / 16;              // P V k-steps per tile
+constexpr int kConsumerWarps = 4;
+constexpr int kConsumerThreads = 32 * kConsumerWarps;
+constexpr int kThreads = kConsumerThreads + 32;
+constexpr int kMaxStages = 8;
+constexpr int kSmemBudget = 227 * 1024 / 2 - 1024;  // two CTAs per SM (1 KB reserved each)
+constexpr int kPartBytes = 2 * kConsumerWarps * kNT * 32 * 16;  // double-buffered partial scores
+constexpr int kMiscBytes = 2 * 8 * kMaxStages + 4 * kMaxStages + 4 * kRows + 4 * kRows;
+// Quantized formats: each consumer warp dequantizes its 128-column slice of a tile
+// once into f16 rows here, read by both MMAs through ldmatrix (stride 136 halves = 17
+// chunks of 16 B, odd: conflict-free).
+constexpr int kSliceStride = 128 + 8;
+constexpr int kSliceBytes = kConsumerWarps * kT * kSliceStride * 2;
+template <KvFormat F>
+constexpr int fixed_bytes() {
+  return kPartBytes + (F == KvFormat::kBf16 ? 0 : kSliceBytes) + ((kMiscBytes + 127) & ~127);
+}
+[[maybe_unused]] constexpr float kLn2 = 0.6931471805599453f;
+[[maybe_unused]] constexpr int kConsumerBarrier = 1;       // named barrier id of the four consumer warps
+
+template <KvFormat F>
+struct Fmt;
+template <>
+struct Fmt<KvFormat::kBf16> {
+  static constexpr int kRecord = record::Parts<KvFormat::kBf16>::kRecordBytes;
+  static constexpr int kStride = kRecord + 16;  // 1168 B: 73 chunks of 16 B, odd -> conflict-free ldmatrix
+};
+template <>
+struct Fmt<KvFormat::kFp8DsMla> {
+  static constexpr int kRecord = record::Parts<KvFormat::kFp8DsMla>::kRecordBytes;  // 656 = 41 chunks
+  static constexpr int kStride = kRecord;
+};
+template <>
+struct Fmt<KvFormat::kNvfp4DsMla> {
+  static constexpr int kRecord = record::Parts<KvFormat::kNvfp4DsMla>::kRecordBytes;  // 432 = 27 chunks
+  static constexpr int kStride = kRecord;
+};
+template <>
+struct Fmt<KvFormat::kNvfp4DsMlaFp8Rope> {
+  static constexpr int kRecord = record::Parts<KvFormat::kNvfp4DsMlaFp8Rope>::kRecordBytes;  // 368 = 23 chunks
+  static constexpr int kStride = kRecord;
+};
+
+template <KvFormat F>
+constexpr int stages() {
+  const int n = (kSmemBudget - fixed_bytes<F>()) / (kT * Fmt<F>::kStride);
+  return n < kMaxStages ? n : kMaxStages;
+}
+template <KvFormat F>
+constexpr std::size_t smem_bytes() {
+  return static_cast<std::size_t>(stages<F>()) * kT * Fmt<F>::kStride + fixed_bytes<F>();
+}
+static_assert(stages<KvFormat::kBf16>() >= 2 && stages<KvFormat::kFp8DsMla>() >= 2);
+
+[[maybe_unused]] constexpr bool is_nvfp4(KvFormat f) { return f == KvFormat::kNvfp4DsMla || f == KvFormat::kNvfp4DsMlaFp8Rope; }
+[[maybe_unused]] constexpr bool f16_latent(KvFormat f) { return f != KvFormat::kBf16; }
+[[maybe_unused]] constexpr bool f16_rope(KvFormat f) { return f == KvFormat::kNvfp4DsMlaFp8Rope; }
+
+// Head dim (0..575) that k index `kidx` of score k-step `ks` (0..7 latent, 8 rope) of
+// warp w means. The B fragments are loaded in whatever dim order is cheapest for the
+// record layout; q's A fragments follow the same order (the dot product does not care).
+template <KvFormat F>
+__device__ __forceinline__ int qdim(int w, int ks, int kidx) {
+  if (ks < 8) return 128 * w + 16 * ks + kidx;  // latent: ldmatrix rows, natural order
+  if constexpr (F == KvFormat::kBf16) {
+    return kLatentDim + 16 * w + kidx;
+  } else {
+    // rope of the quantized formats: lane c loads dims 4c .. 4c+3 of its token
+    const int e = (kidx & 1) | ((kidx >> 3) << 1), c = (kidx >> 1) & 3;
+    return kLatentDim + 16 * w + 4 * c + e;
+  }
+}
+
+// Output column of accumulator n-tile j, column n (0..7) of warp w.
+[[maybe_unused]] __device__ __forceinline__ int ocol(int w, int j, int n) { return 128 * w + 8 * j + n; }
+
+#if MLAKV_SM90_DEVICE
+// e2m1 nibbles J and J+4 of x -> f16x2 (value * 2^-14): magnitude bits to [11:9],
+// sign to bit 15 of each half.
+template <int J>
+__device__ __forceinline__ uint32_t e2m1_pair(uint32_t x) {
+  constexpr int s_mag = 9 - 4 * J, s_sign = 12 - 4 * J;
+  const uint32_t mag = s_mag >= 0 ? (x << s_mag) : (x >> -s_mag);
+  return (mag & 0x0E000E00u) | ((x << s_sign) & 0x80008000u);
+}
+
+__device__ __forceinline__ uint4 lds128(const uint8_t* p) { return *reinterpret_cast<const uint4*>(p); }
+__device__ __forceinline__ uint2 lds64(const uint8_t* p) { return *reinterpret_cast<const uint2*>(p); }
+__device__ __forceinline__ uint32_t lds32(const uint8_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
+__device__ __forceinline__ float ldsf(const uint8_t* p) { return *reinterpret_cast<const float*>(p); }
+
+constexpr uint32_t kF16x2_128 = 0x58005800u;  // (128.0, 128.0) in f16
+
+// Quantized formats: lane t dequantizes token t's 128 latent dims of warp w's slice
+// into f16 row t of `slice` (exact: e4m3 values; e2m1 * sf * 2^-7).
+template <KvFormat F>
+__device__ __forceinline__ void dequant_slice(const uint8_t* stage, int w, int lane, uint16_t* slice) {
+  constexpr int kS = Fmt<F>::kStride;
+  const uint8_t* rec = stage + lane * kS;
+  uint4* row = reinterpret_cast<uint4*>(slice + lane * kSliceStride);
+  using P = record::Parts<F>;
+  constexpr int kQL = record::Quarter<F>::kLatentBytes;  // quarter w's codes at kLatentOffset + kQL w
+  if constexpr (F == KvFormat::kFp8DsMla) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const uint4 v = lds128(rec + P::kLatentOffset + kQL * w + 16 * i);
+      const uint32_t wv[4] = {v.x, v.y, v.z, v.w};
+      uint32_t h[8];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        h[2 * k] = ptx::e4m3x2_to_f16x2(wv[k]);
+        h[2 * k + 1] = ptx::e4m3x2_hi_to_f16x2(wv[k]);
+      }
+      row[2 * i] = make_uint4(h[0], h[1], h[2], h[3]);
+      row[2 * i + 1] = make_uint4(h[4], h[5], h[6], h[7]);
+    }
+  } else {
+    static_assert(record::QuarterScales<F>::kBytes == 8 && record::QuarterScales<F>::kGroupBytes == 8);
+    const uint2 sfb = lds64(rec + P::kScaleOffset + record::QuarterScales<F>::kBytes * w);  // groups 8w .. 8w+7
+    const uint32_t sfw[2] = {sfb.x, sfb.y};
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {  // 16 B = groups 8w+2u, 8w+2u+1
+      const uint4 v = lds128(rec + P::kLatentOffset + kQL * w + 16 * u);
+      const uint32_t wv[4] = {v.x, v.y, v.z, v.w};
+      const uint32_t sf2 = ptx::hmul2(
+          (u & 1) ? ptx::e4m3x2_hi_to_f16x2(sfw[u >> 1]) : ptx::e4m3x2_to_f16x2(sfw[u >> 1]), kF16x2_128);
+      const uint32_t sa = ptx::prmt(sf2, sf2, 0x1010), sb = ptx::prmt(sf2, sf2, 0x3232);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const uint32_t sc = k < 2 ? sa : sb;
+        const uint32_t p0 = ptx::hmul2(e2m1_pair<0>(wv[k]), sc), p1 = ptx::hmul2(e2m1_pair<1>(wv[k]), sc);
+        const uint32_t p2 = ptx::hmul2(e2m1_pair<2>(wv[k]), sc), p3 = ptx::hmul2(e2m1_pair<3>(wv[k]), sc);
+        // pairs hold dims (j, j+4): back to natural order
+        row[4 * u + k] = make_uint4(ptx::prmt(p0, p1, 0x5410), ptx::prmt(p2, p3, 0x5410), ptx::prmt(p0, p1, 0x7632),
+                                    ptx::prmt(p2, p3, 0x7632));
+      }
+    }
+  }
+}
+
+// Quantized formats: scores over warp w's slice (f16 ldmatrix) plus its 16 rope dims
+// (from the record), with the fp8 tile scale / e4m3 rope scale per token.
+template <KvFormat F>
+__device__ __forceinline__ void score_slice(const uint8_t* stage, const uint16_t* slice, int w, int lane,
+                                            const uint32_t (&aq)[8][4], const uint32_t (&aqr)[4], float (&s)[kNT][4]) {
+  constexpr int kS = Fmt<F>::kStride;
+  using P = record::Parts<F>;
+  const int g = lane >> 2, c = lane & 3;
+  // Lane c reads rope dims 16w + 4c .. 16w + 4c + 3 of quarter w: byte
+  // P::kRopeOffset + kRopeDimBytes * (16w + 4c).
+  constexpr int kRopeDimBytes = P::kRopeBits / 8;
+  constexpr int kQR = record::kQuarterRopeDims;
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+#pragma unroll
+  for (int ks = 0; ks < 8; ++ks) {
+#pragma unroll
+    for (int np = 0; np < kNT / 2; ++np) {
+      uint32_t kb[4];
+      const int tok = 16 * np + (lane & 7) + (lane >> 4) * 8;
+      const int dim = 16 * ks + ((lane >> 3) & 1) * 8;
+      mlakv::cuda::ptx::ldmatrix_x4(kb, mlakv::cuda::ptx::smem_addr(slice + tok * kSliceStride + dim));
+      ptx::mma_f16_16816(s[2 * np], aq[ks], kb[0], kb[1]);
+      ptx::mma_f16_16816(s[2 * np + 1], aq[ks], kb[2], kb[3]);
+    }
+  }
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt) {
+    const uint8_t* rec = stage + (8 * nt + g) * kS;
+    const uint8_t* t0 = stage + (8 * nt + 2 * c) * kS;  // C-fragment tokens 2c, 2c+1
+    float accr[4] = {0.f, 0.f, 0.f, 0.f};
+    if constexpr (F == KvFormat::kFp8DsMla) {
+      const uint2 r = lds64(rec + P::kRopeOffset + kRopeDimBytes * (kQR * w + 4 * c));
+      ptx::mma_bf16_16816(accr, aqr, r.x, r.y);
+      constexpr int kQS = record::QuarterScales<F>::kBytes;  // quarter w's tile scale at kScaleOffset + kQS w
+      const float sc0 = ldsf(t0 + P::kScaleOffset + kQS * w), sc1 = ldsf(t0 + kS + P::kScaleOffset + kQS * w);
+      s[nt][0] = fmaf(s[nt][0], sc0, accr[0]);
+      s[nt][1] = fmaf(s[nt][1], sc1, accr[1]);
+      s[nt][2] = fmaf(s[nt][2], sc0, accr[2]);
+      s[nt][3] = fmaf(s[nt][3], sc1, accr[3]);
+    } else if constexpr (F == KvFormat::kNvfp4DsMla) {
+      const uint2 r = lds64(rec + P::kRopeOffset + kRopeDimBytes * (kQR * w + 4 * c));
+      ptx::mma_bf16_16816(s[nt], aqr, r.x, r.y);
+    } else {
+      const uint32_t r = lds32(rec + P::kRopeOffset + kRopeDimBytes * kQR * w + kRopeDimBytes * 4 * c);
+      ptx::mma_f16_16816(accr, aqr, ptx::e4m3x2_to_f16x2(r), ptx::e4m3x2_hi_to_f16x2(r));
+      const float rs0 = ldsf(t0 + P::kRopeScaleOffset), rs1 = ldsf(t0 + kS + P::kRopeScaleOffset);
+      s[nt][0] = fmaf(accr[0], rs0, s[nt][0]);
+      s[nt][1] = fmaf(accr[1], rs1, s[nt][1]);
+      s[nt][2] = fmaf(accr[2], rs0, s[nt][2]);
+      s[nt][3] = fmaf(accr[3], rs1, s[nt][3]);
+    }
+  }
+}
+
+// bf16: two n-tiles (16 tokens) per ldmatrix.x4, straight from the padded record rows.
+__device__ __forceinline__ void score_bf16(const uint8_t* stage, int w, int lane, const uint32_t (&aq)[8][4],
+                                           const uint32_t (&aqr)[4], float (&s)[kNT][4]) {
+  constexpr int kSE = Fmt<KvFormat::kBf16>::kStride / 2;  // row stride in bf16 elements
+  const uint16_t* kt = reinterpret_cast<const uint16_t*>(stage);
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+#pragma unroll
+  for (int ks = 0; ks < 9; ++ks) {
+    const int d0 = ks < 8 ? 128 * w + 16 * ks : kLatentDim + 16 * w;
+#pragma unroll
+    for (int np = 0; np < kNT / 2; ++np) {
+      uint32_t kb[4];
+      const int tok = 16 * np + (lane & 7) + (lane >> 4) * 8;
+      const int dim = d0 + ((lane >> 3) & 1) * 8;
+      mlakv::cuda::ptx::ldmatrix_x4(kb, mlakv::cuda::ptx::smem_addr(kt + tok * kSE + dim));
+      const uint32_t(&a)[4] = ks < 8 ? aq[ks < 8 ? ks : 0] : aqr;
+      ptx::mma_bf16_16816(s[2 * np], a, kb[0], kb[1]);
+      ptx::mma_bf16_16816(s[2 * np + 1], a, kb[2], kb[3]);
+    }
+  }
+}
+
+// O += P V for P V k-step kk (tokens 16kk .. 16kk+15) over warp w's 128 columns: from
+// the padded bf16 records, or from the warp's f16 slice for the quantized formats.
+template <KvFormat F>
+__device__ __forceinline__ void pv_kstep(const uint8_t* stage, const uint16_t* slice, int kk, int w, int lane,
+                                         const uint32_t (&pa)[4], float (&o)[16][4]) {
+#pragma unroll
+  for (int np = 0; np < 8; ++np) {
+    uint32_t vb[4];
+    const int tok = 16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8;
+    if constexpr (F == KvFormat::kBf16) {
+      constexpr int kSE = Fmt<F>::kStride / 2;
+      const uint16_t* kt = reinterpret_cast<const uint16_t*>(stage);
+      const int dim = 128 * w + 16 * np + (lane >> 4) * 8;
+      mlakv::cuda::ptx::ldmatrix_x4_trans(vb, mlakv::cuda::ptx::smem_addr(kt + tok * kSE + dim));
+      ptx::mma_bf16_16816(o[2 * np], pa, vb[0], vb[1]);
+      ptx::mma_bf16_16816(o[2 * np + 1], pa, vb[2], vb[3]);
+    } else {
+      const int dim = 16 * np + (lane >> 4) * 8;
+      mlakv::cuda::ptx::ldmatrix_x4_trans(vb, mlakv::cuda::ptx::smem_addr(slice + tok * kSliceStride + dim));
+      ptx::mma_f16_16816(o[2 * np], pa, vb[0], vb[1]);
+      ptx::mma_f16_16816(o[2 * np + 1], pa, vb[2], vb[3]);
+    }
+  }
+}
+#endif  // MLAKV_SM90_DEVICE
+
+// Token lookup (as in the portable kernel): raw block id / index, then the slot or -1.
+[[maybe_unused]] __device__ __forceinline__ int64_t token_slot(const AttentionParams& p, int b, int i, int64_t pos, int64_t end) {
+  if (pos >= end) return -1;
+  if (p.sparse) {
+    const int32_t raw = p.indices[b * p.ix_s0 + i * p.ix_s1 + pos * p.ix_s2];
+    return (raw >= 0 && raw < p.num_slots) ? raw : -1;
+  }
+  if (pos / p.block_size >= p.bt_cols) return -1;
+  const int32_t raw = p.block_table[b * p.bt_s0 + (pos / p.block_size) * p.bt_s1];
+  if (raw < 0 || raw >= p.num_blocks) return -1;
+  return static_cast<int64_t>(raw) * p.block_size + pos % p.block_size;
+}
+
+template <KvFormat F>
+__global__ void __launch_bounds__(kThreads, 2) attention_sm90_kernel(const __grid_constant__ AttentionParams p) {
+#if MLAKV_SM90_DEVICE
+  constexpr int S = stages<F>();
+  constexpr int kS = Fmt<F>::kStride;
+  constexpr int kRec = Fmt<F>::kRecord;
+  extern __shared__ __align__(128) uint8_t smem[];
+  uint8_t* ring = smem;
+  float4* s_part = reinterpret_cast<float4*>(smem + static_cast<std::size_t>(S) * kT * kS);
+  uint16_t* slices = reinterpret_cast<uint16_t*>(reinterpret_cast<uint8_t*>(s_part) + kPartBytes);
+  uint8_t* misc = reinterpret_cast<uint8_t*>(s_part) + kPartBytes + (F == KvFormat::kBf16 ? 0 : kSliceBytes);
+  uint64_t* full = reinterpret_cast<uint64_t*>(misc);
+  uint64_t* empty = full + kMaxStages;
+  uint32_t* vmask = reinterpret_cast<uint32_t*>(empty + kMaxStages);
+  int32_t* row_vis = reinterpret_cast<int32_t*>(vmask + kMaxStages);
+  int32_t* row_e = row_vis + kRows;
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int row_block = blockIdx.x, split = blockIdx.z;
+  int b, i_fixed = 0;
+  if (p.sparse) {
+    b = blockIdx.y / p.s_q;
+    i_fixed = blockIdx.y % p.s_q;
+  } else {
+    b = blockIdx.y;
+  }
+  const int rows_req = p.sparse ? p.H : p.s_q * p.H;
+  const int row0 = row_block * kRows;
+  auto row_query = [&](int r) { return p.sparse ? i_fixed : (row0 + r) / p.H; };
+  auto row_head = [&](int r) { return p.sparse ? row0 + r : (row0 + r) % p.H; };
+
+  // ---- token range of this split (tile-aligned chunks) ----
+  const int32_t seqlen =
+      p.sparse ? 0 : static_cast<int32_t>(std::clamp<int64_t>(p.seqlens[b * p.sl_s0], 0, p.bt_cols * p.block_size));
+  int64_t n_max;
+  if (p.sparse) {
+    n_max = p.topk;
+    if (p.topk_length != nullptr) n_max = std::clamp<int64_t>(p.topk_length[b * p.tl_s0], 0, n_max);
+  } else {
+    const int last_row = std::min(row0 + kRows, rows_req) - 1;
+    const int i_last = last_row / p.H;
+    n_max = p.causal ? std::min<int64_t>(seqlen, std::max<int64_t>(0, seqlen - p.s_q + i_last + 1)) : seqlen;
+  }
+  const int64_t per_split = (n_max + p.num_splits - 1) / p.num_splits;
+  const int64_t chunk = (per_split + kT - 1) / kT * kT;
+  const int64_t begin = std::min<int64_t>(n_max, split * chunk), end = std::min<int64_t>(n_max, begin + chunk);
+  const int n_tiles = static_cast<int>((end - begin + kT - 1) / kT);
+
+  if (tid == 0) {
+    for (int s = 0; s < S; ++s) {
+      ptx::mbar_init(mlakv::cuda::ptx::smem_addr(&full[s]), 32);
+      ptx::mbar_init(mlakv::cuda::ptx::smem_addr(&empty[s]), kConsumerWarps);
+    }
+    ptx::mbar_init_fence();
+  }
+  if (tid < kRows) {
+    int32_t vis = 0;
+    if (row0 + tid < rows_req) {
+      if (p.sparse) {
+        vis = 0x7FFFFFFF;
+      } else {
+        const int i = row_query(tid);
+        vis = p.causal ? std::max(0, std::min(seqlen, seqlen - p.s_q + i + 1)) : seqlen;
+      }
+    }
+    row_vis[tid] = vis;
+  }
+  __syncthreads();
+
+  if (warp == kConsumerWarps) {
+    // ================= producer =================
+    int64_t slot = token_slot(p, b, i_fixed, begin + lane, end);
+    for (int tile = 0; tile < n_tiles; ++tile) {
+      const int st = tile % S;
+      // Next tile's lookup first: its latency hides behind this tile's wait and copy.
+      const int64_t next = tile + 1 < n_tiles ? token_slot(p, b, i_fixed, begin + (tile + 1) * kT + lane, end) : -1;
+      if (tile >= S) ptx::mbar_wait(mlakv::cuda::ptx::smem_addr(&empty[st]), ((tile / S) - 1) & 1);
+      const bool valid = slot >= 0;
+      const uint32_t mask = __ballot_sync(0xFFFFFFFFu, valid);
+      uint8_t* dst = ring + (st * kT + lane) * kS;
+      const uint32_t bar = mlakv::cuda::ptx::smem_addr(&full[st]);
+      if (!valid) {
+        const uint4 z = make_uint4(0, 0, 0, 0);
+#pragma unroll 4
+        for (int k = 0; k < kRec / 16; ++k) reinterpret_cast<uint4*>(dst)[k] = z;
+        ptx::fence_proxy_async();  // the copy engine writes these bytes later
+      }
+      if (lane == 0) {
+        vmask[st] = mask;
+        ptx::mbar_expect_tx(bar, static_cast<uint32_t>(__popc(mask)) * kRec);
+      }
+      __syncwarp();
+      if constexpr (kS == kRec) {
+        // Unpadded stages: a run of tokens in consecutive slots (a block's records) is
+        // one bulk copy, issued by the run's first lane. Small copies are what bounds
+        // the copy engine (one copy per record caps it near 3e9 records/s on the H200).
+        const int64_t prev = __shfl_up_sync(0xFFFFFFFFu, slot, 1);
+        const bool cont = valid && lane > 0 && prev >= 0 && slot == prev + 1;
+        const uint32_t cont_mask = __ballot_sync(0xFFFFFFFFu, cont);
+        if (valid && !cont) {
+          const uint64_t after = static_cast<uint64_t>(cont_mask) >> (lane + 1);  // run continues while set
+          const int len = 1 + (__ffsll(static_cast<long long>(~after)) - 1);
+          ptx::bulk_g2s(mlakv::cuda::ptx::smem_addr(dst), p.cache + slot * kRec, static_cast<uint32_t>(len * kRec), bar);
+        }
+      } else {
+        if (valid) ptx::bulk_g2s(mlakv::cuda::ptx::smem_addr(dst), p.cache + slot * kRec, kRec, bar);
+      }
+      ptx::mbar_arrive(bar);
+      slot = next;
+    }
+    return;
+  }
+
+  // ================= consumers =================
+  const int w = warp, g = lane >> 2, c = lane & 3;
+  uint16_t* slice = slices + w * kT * kSliceStride;  // quantized formats only
+  // Element offset of q row r; a row past the request reads row 0 and is zeroed by a
+  // select (no branch, so the unrolled loads below all issue before the first use).
+  auto q_row = [&](int r) -> int64_t {
+    const int rc = row0 + r < rows_req ? r : 0;
+    return b * p.q_s0 + static_cast<int64_t>(row_query(rc)) * p.q_s1 + static_cast<int64_t>(row_head(rc)) * p.q_s2;
+  };
+  // Latent q multiplier before rounding: s_l * 2^7 for e2m1 (the K fragments carry
+  // e2m1 * sf * 2^-7), 1 otherwise.
+  const float lat_base = is_nvfp4(F) ? p.outer_scale * 128.0f : 1.0f;
+  uint32_t aq[8][4], aqr[4];
+  float row_scale[2];
+  // q prologue, instantiated for f32 and bf16 q so that no load sits behind a branch.
+  auto q_prologue = [&](auto bf16_tag) {
+    constexpr bool kQ16 = decltype(bf16_tag)::value;
+    auto q_at = [&](int64_t off, bool ok, int d) -> float {
+      float v;
+      if constexpr (kQ16) v = bf16_to_f32(static_cast<const uint16_t*>(p.q)[off + d]);
+      else v = static_cast<const float*>(p.q)[off + d];
+      return ok ? v : 0.0f;
+    };
+    // ---- per-row power-of-two prescale so that f16 q cannot overflow ----
+    if constexpr (f16_latent(F)) {
+      const int r = tid >> 3, sub = tid & 7;
+      const int64_t off = q_row(r);
+      const bool ok = row0 + r < rows_req;
+      float amax = 0.0f;
+#pragma unroll
+      for (int k = 0; k < kQkDim / 8; ++k) {  // constant trip count: fully unrolled, loads in flight together
+        const int d = sub + 8 * k;
+        amax = fmaxf(amax, fabsf(q_at(off, ok, d) * (d < kLatentDim ? lat_base : 1.0f)));
+      }
+      amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 1));
+      amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 2));
+      amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 4));
+      if (sub == 0) {
+        int e = 0;
+        if (amax > 0.0f && amax <= 3.4e38f) {
+          int ex;
+          (void)frexpf(amax, &ex);  // amax < 2^ex
+          e = std::clamp(15 - ex, -100, 100);
+        }
+        row_e[r] = e;
+      }
+    } else {
+      if (tid < kRows) row_e[tid] = 0;
+    }
+    ptx::named_barrier(kConsumerBarrier, kConsumerThreads);
+    const int e_row[2] = {row_e[g], row_e[g + 8]};
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) row_scale[rr] = ldexpf(p.scale_log2, -e_row[rr]);
+
+    // ---- q A fragments: 8 latent k-steps + 1 rope k-step ----
+    float mlat[2], mrope[2];
+    const int64_t qoff[2] = {q_row(g), q_row(g + 8)};
+    const bool qok[2] = {row0 + g < rows_req, row0 + g + 8 < rows_req};
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      mlat[rr] = ldexpf(lat_base, e_row[rr]);
+      mrope[rr] = ldexpf(1.0f, e_row[rr]);
+    }
+#pragma unroll
+    for (int ks = 0; ks < 9; ++ks) {
+      uint32_t fr[4];
+#pragma unroll
+      for (int reg = 0; reg < 4; ++reg) {
+        const int rr = reg & 1;                 // a0 a2: row g; a1 a3: row g + 8
+        const int k0 = 2 * c + (reg >> 1) * 8;  // a0 a1: k 2c, 2c+1; a2 a3: k 2c+8, 2c+9
+        const int d0 = qdim<F>(w, ks, k0), d1 = qdim<F>(w, ks, k0 + 1);
+        const bool lat = ks < 8;
+        const float m = lat ? mlat[rr] : mrope[rr];
+        const float v0 = q_at(qoff[rr], qok[rr], d0) * m, v1 = q_at(qoff[rr], qok[rr], d1) * m;
+        const bool f16 = lat ? f16_latent(F) : f16_rope(F);
+        fr[reg] = f16 ? ptx::pack_f16x2(v0, v1) : mlakv::cuda::ptx::pack_bf16x2(v0, v1);
+      }
+#pragma unroll
+      for (int reg = 0; reg < 4; ++reg) {
+        if (ks < 8) aq[ks < 8 ? ks : 0][reg] = fr[reg];
+        else aqr[reg] = fr[reg];
+      }
+    }
+  };
+  if (p.q_bf16) {
+    q_prologue(std::true_type{});
+  } else {
+    q_prologue(std::false_type{});
+  }
+
+  float o[16][4];
+#pragma unroll
+  for (int j = 0; j < 16; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};  // l: this thread's columns only
+  float sig = 0.0f;  // fp8: O is kept in units of sig, the largest tile scale seen so far
+  const int vis[2] = {row_vis[g], row_vis[g + 8]};
+
+  float s[kNT][4];      // scores, then P, of the current tile
+  uint32_t pa[kKS][4];  // P as A fragments
+
+  // Scores of `tile` over this warp's dims, published to the other consumer warps.
+  auto scores = [&](int tile) {
+    const int st = tile % S;
+    const uint8_t* stage = ring + st * kT * kS;
+    ptx::mbar_wait(mlakv::cuda::ptx::smem_addr(&full[st]), (tile / S) & 1);
+    if constexpr (F == KvFormat::kBf16) {
+      score_bf16(stage, w, lane, aq, aqr, s);
+    } else {
+      __syncwarp();  // the previous tile's ldmatrix reads of the slice are done
+      dequant_slice<F>(stage, w, lane, slice);
+      __syncwarp();
+      score_slice<F>(stage, slice, w, lane, aq, aqr, s);
+    }
+    float4* mine = s_part + ((tile & 1) * kConsumerWarps + w) * kNT * 32;
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) mine[nt * 32 + lane] = make_float4(s[nt][0], s[nt][1], s[nt][2], s[nt][3]);
+  };
+
+  // Sums the partial scores of `tile`, runs the online softmax (log2 domain; identical
+  // in every consumer warp), rescales O and leaves P in pa.
+  auto softmax = [&](int tile) {
+    const int st = tile % S;
+    const uint8_t* stage = ring + st * kT * kS;
+    const uint32_t mask = vmask[st];
+    const int64_t tb = begin + static_cast<int64_t>(tile) * kT;
+    ptx::named_barrier(kConsumerBarrier, kConsumerThreads);
+    const float4* all = s_part + (tile & 1) * kConsumerWarps * kNT * 32;
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) {
+      float4 acc = all[nt * 32 + lane];
+#pragma unroll
+      for (int ww = 1; ww < kConsumerWarps; ++ww) {
+        const float4 v = all[(ww * kNT + nt) * 32 + lane];
+        acc.x += v.x;
+        acc.y += v.y;
+        acc.z += v.z;
+        acc.w += v.w;
+      }
+      s[nt][0] = acc.x;
+      s[nt][1] = acc.y;
+      s[nt][2] = acc.z;
+      s[nt][3] = acc.w;
+    }
+    float alpha[2];
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int t = 8 * nt + 2 * c + j;
+          const bool ok = ((mask >> t) & 1u) && tb + t < vis[rr];
+          const float x = ok ? s[nt][2 * rr + j] * row_scale[rr] : -INFINITY;
+          s[nt][2 * rr + j] = x;
+          mx = fmaxf(mx, x);
+        }
+      }
+      mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 2));
+      const float m_new = fmaxf(m_run[rr], mx);
+      alpha[rr] = m_run[rr] == -INFINITY ? 0.0f : exp2f(m_run[rr] - m_new);
+      float sum = 0.0f;
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const float pv = m_new == -INFINITY ? 0.0f : exp2f(s[nt][2 * rr + j] - m_new);
+          s[nt][2 * rr + j] = pv;
+          sum += pv;
+        }
+      }
+      l_run[rr] = l_run[rr] * alpha[rr] + sum;
+      m_run[rr] = m_new;
+    }
+    float f_o[2] = {alpha[0], alpha[1]};
+    if constexpr (F == KvFormat::kFp8DsMla) {
+      // This warp's tile scale goes into P relative to sig, the largest scale seen so
+      // far (so P * s / sig <= 1 in f16); O is rescaled only when sig grows.
+      float ts[kNT][2];
+      float smax = 0.0f;
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          ts[nt][j] = ldsf(stage + (8 * nt + 2 * c + j) * kS + record::Parts<F>::kScaleOffset +
+                           record::QuarterScales<F>::kBytes * w);
+          smax = fmaxf(smax, ts[nt][j]);
+        }
+      }
+      smax = fmaxf(smax, __shfl_xor_sync(0xFFFFFFFFu, smax, 1));
+      smax = fmaxf(smax, __shfl_xor_sync(0xFFFFFFFFu, smax, 2));
+      if (smax > sig) {
+        const float ratio = sig / smax;  // sig starts at 0: the first tile has alpha = 0 anyway
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) f_o[rr] = alpha[rr] * ratio;
+        sig = smax;
+      }
+      const float inv = sig > 0.0f ? 1.0f / sig : 0.0f;
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) s[nt][i] *= ts[nt][i & 1] * inv;
+      }
+    }
+    // Most tiles leave the running max (and sig) alone: skip the 64 multiplies then.
+    if (__any_sync(0xFFFFFFFFu, f_o[0] != 1.0f || f_o[1] != 1.0f)) {
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        o[j][0] *= f_o[0];
+        o[j][1] *= f_o[0];
+        o[j][2] *= f_o[1];
+        o[j][3] *= f_o[1];
+      }
+    }
+#pragma unroll
+    for (int kk = 0; kk < kKS; ++kk) {
+      if constexpr (F == KvFormat::kBf16) {
+        pa[kk][0] = mlakv::cuda::ptx::pack_bf16x2(s[2 * kk][0], s[2 * kk][1]);
+        pa[kk][1] = mlakv::cuda::ptx::pack_bf16x2(s[2 * kk][2], s[2 * kk][3]);
+        pa[kk][2] = mlakv::cuda::ptx::pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+        pa[kk][3] = mlakv::cuda::ptx::pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      } else {
+        pa[kk][0] = ptx::pack_f16x2(s[2 * kk][0], s[2 * kk][1]);
+        pa[kk][1] = ptx::pack_f16x2(s[2 * kk][2], s[2 * kk][3]);
+        pa[kk][2] = ptx::pack_f16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+        pa[kk][3] = ptx::pack_f16x2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      }
+    }
+  };
+
+  // The stage of `tile` goes back to the producer.
+  auto release = [&](int tile) {
+    __syncwarp();
+    if (lane == 0) ptx::mbar_arrive(mlakv::cuda::ptx::smem_addr(&empty[tile % S]));
+  };
+  // O += P V of `tile` (bf16: from its stage, which is released after; quantized: from
+  // the warp's slice, the stage having been released after the softmax).
+  auto pv = [&](int tile) {
+    const uint8_t* stage = ring + (tile % S) * kT * kS;
+#pragma unroll
+    for (int kk = 0; kk < kKS; ++kk) pv_kstep<F>(stage, slice, kk, w, lane, pa[kk], o);
+    if constexpr (F == KvFormat::kBf16) release(tile);
+  };
+
+  // Per tile: scores, softmax, P V. Quantized formats read P V's operands from the
+  // warp's slice, so their stage goes back before P V; bf16 reads the stage itself.
+  // (Issuing the scores of tile n+1 before P V of tile n measured +1-4% with registers
+  // dequantization and needs a second slice or a third bf16 stage: not done.)
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    scores(tile);
+    softmax(tile);
+    if constexpr (F != KvFormat::kBf16) release(tile);
+    pv(tile);
+  }
+
+  // ---- finalize ----
+  float post = 1.0f;
+  if constexpr (F == KvFormat::kFp8DsMla) post = sig;
+  if constexpr (is_nvfp4(F)) post = p.outer_scale * 128.0f;
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    float l = l_run[rr];
+    l += __shfl_xor_sync(0xFFFFFFFFu, l, 1);
+    l += __shfl_xor_sync(0xFFFFFFFFu, l, 2);
+    const int r = g + 8 * rr;
+    if (row0 + r >= rows_req) continue;
+    const int i = row_query(r), h = row_head(r);
+    const bool is_empty = l == 0.0f;
+    const float scale = is_empty ? 0.0f : post / l;
+    const float lse = is_empty ? -INFINITY : (m_run[rr] + log2f(l)) * kLn2;
+    float* dst;
+    if (p.num_splits == 1) {
+      dst = p.out + b * p.o_s0 + static_cast<int64_t>(i) * p.o_s1 + static_cast<int64_t>(h) * p.o_s2;
+      if (c == 0 && w == 0) p.lse[b * p.l_s0 + static_cast<int64_t>(i) * p.l_s1 + static_cast<int64_t>(h) * p.l_s2] = lse;
+    } else {
+      const int64_t grow = (static_cast<int64_t>(b) * p.s_q + i) * p.H + h;
+      dst = p.part_o + (static_cast<int64_t>(split) * p.rows_total + grow) * kLatentDim;
+      if (c == 0 && w == 0) p.part_lse[static_cast<int64_t>(split) * p.rows_total + grow] = lse;
+    }
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      *reinterpret_cast<float2*>(dst + ocol(w, j, 2 * c)) = make_float2(o[j][2 * rr] * scale, o[j][2 * rr + 1] * scale);
+    }
+  }
+#endif  // MLAKV_SM90_DEVICE
+}
+
+template <KvFormat F>
+int configure_format() {
+  return static_cast<int>(cudaFuncSetAttribute(attention_sm90_kernel<F>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(smem_bytes<F>())));
+}
+
+template <KvFormat F>
+int occupancy_format() {
+  if (configure_format<F>() != 0) return 0;
+  int n = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attention_sm90_kernel<F>, kThreads, smem_bytes<F>()) !=
+      cudaSuccess) {
+    return 0;
+  }
+  return n;
+}
+
+template <KvFormat F>
+cudaError_t launch_format(const AttentionParams& kp, dim3 grid, cudaStream_t s) {
+  attention_sm90_kernel<F><<<grid, kThreads, smem_bytes<F>(), s>>>(kp);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+template <KvFormat F>
+int configure(int /*record_bytes*/) {
+  return configure_format<F>();
+}
+
+template <KvFormat F>
+int ctas_per_sm(int /*record_bytes*/) {
+  return occupancy_format<F>();
+}
+
+template <KvFormat F>
+int launch(const kernels::AttentionParams& kp, int row_blocks, void* stream) {
+  const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(kp.sparse ? kp.B * kp.s_q : kp.B),
+                  static_cast<unsigned>(kp.num_splits));
+  return static_cast<int>(launch_format<F>(kp, grid, static_cast<cudaStream_t>(stream)));
+}
+
+template <KvFormat F>
+int binary_version() {
+  cudaFuncAttributes attr{};
+  if (cudaFuncGetAttributes(&attr, attention_sm90_kernel<F>) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return attr.binaryVersion;
+}
+
+}  // namespace mlakv::cuda::sm90

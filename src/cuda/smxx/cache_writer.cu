@@ -1,0 +1,134 @@
+// Cache writers: one warp per token, one launch per layer per step. Every rounding
+// goes through the host/device primitives of format/record_codec.h, so the bytes equal
+// the CPU codec's (tests/cuda/cuda_harness.cc checks it). Lane l of the warp owns the
+// record parts common/record_part.cuh names (record::Lane): latent dims [16l, 16l+16),
+// rope dims [2l, 2l+2).
+#include <cuda_runtime.h>
+
+#include "cuda/common/dispatch_format.h"
+#include "cuda/common/record_part.cuh"
+#include "cuda/smxx/launch.h"
+#include "format/record_codec.h"
+
+namespace mlakv::cuda::kernels {
+namespace {
+
+constexpr int kWarpsPerBlock = 4;
+constexpr int kLaneDims = record::kLaneLatentDims;  // 16
+constexpr int kLaneRope = record::kLaneRopeDims;    // 2
+static_assert(record::kWriterLanes == 32, "one warp per record");
+
+__device__ __forceinline__ float load_in(const void* base, int64_t row_off, int i, bool bf16) {
+  return bf16 ? bf16_to_f32(static_cast<const uint16_t*>(base)[row_off + i]) : static_cast<const float*>(base)[row_off + i];
+}
+
+__device__ __forceinline__ float warp_max(float v, int width) {
+  for (int o = width / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, o, width));
+  return v;
+}
+
+template <KvFormat F>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32) write_cache_kernel(WriterParams p) {
+  const int lane = threadIdx.x & 31;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+  if (t >= p.n) return;
+  const int64_t slot = p.slots[t];
+  if (slot < 0) return;  // padding
+  if (slot >= p.num_slots) {
+    if (lane == 0 && p.error_count != nullptr) atomicAdd(p.error_count, 1);
+    return;
+  }
+  uint8_t* rec = p.cache + slot * p.record_bytes;
+  const int64_t lo = t * p.latent_stride, ro = t * p.rope_stride;
+
+  if constexpr (F == KvFormat::kBf16) {
+    for (int i = lane; i < kLatentDim; i += 32) {
+      reinterpret_cast<uint16_t*>(rec)[i] = f32_to_bf16(load_in(p.latent, lo, i, p.bf16_input));
+    }
+    for (int i = lane; i < kRopeDim; i += 32) {
+      reinterpret_cast<uint16_t*>(rec + record::Parts<F>::kRopeOffset)[i] = f32_to_bf16(load_in(p.rope, ro, i, p.bf16_input));
+    }
+  } else if constexpr (F == KvFormat::kFp8DsMla) {
+    using P = record::Parts<F>;
+    using Ln = record::Lane<F>;
+    constexpr int kLanesPerTile = record::kLanesPerScale<F>;  // 8 lanes per 128-dim tile
+    // Lane l: dims [16l, 16l+16); tile = l / 8.
+    float x[kLaneDims];
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kLaneDims; ++i) {
+      x[i] = load_in(p.latent, lo, kLaneDims * lane + i, p.bf16_input);
+      amax = fmaxf(amax, fabsf(x[i]));
+    }
+    amax = warp_max(amax, kLanesPerTile);
+    const float s = codec::fp8_tile_scale(amax, static_cast<codec::Fp8Scales>(p.fp8_mode));
+    uint32_t w[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      w[k] = 0;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) w[k] |= static_cast<uint32_t>(codec::fp8_quantize(x[4 * k + j], s)) << (8 * j);
+    }
+    *reinterpret_cast<uint4*>(rec + P::kLatentOffset + Ln::kLatentBytes * lane) = make_uint4(w[0], w[1], w[2], w[3]);
+    if ((lane & (kLanesPerTile - 1)) == 0) {
+      *reinterpret_cast<float*>(rec + P::kScaleOffset + P::kScaleBytes * (lane / kLanesPerTile)) = s;
+    }
+    const uint32_t r2 = static_cast<uint32_t>(f32_to_bf16(load_in(p.rope, ro, kLaneRope * lane, p.bf16_input))) |
+                        (static_cast<uint32_t>(f32_to_bf16(load_in(p.rope, ro, kLaneRope * lane + 1, p.bf16_input))) << 16);
+    reinterpret_cast<uint32_t*>(rec + P::kRopeOffset)[lane] = r2;
+  } else {
+    using P = record::Parts<F>;
+    using Ln = record::Lane<F>;
+    static_assert(record::kLanesPerScale<F> == 1);
+    // Lane g: group g (dims [16g, 16g+16)) -> bytes [8g, 8g+8) and scale byte 256+g.
+    float y[kLaneDims];
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kLaneDims; ++i) {
+      y[i] = load_in(p.latent, lo, kLaneDims * lane + i, p.bf16_input) / p.outer_scale;
+      amax = fmaxf(amax, fabsf(y[i]));
+    }
+    const uint8_t sf_code = codec::nvfp4_group_scale_code(amax);
+    const float sf = e4m3_to_f32(sf_code);
+    uint32_t w[2] = {0, 0};
+#pragma unroll
+    for (int i = 0; i < kLaneDims; i += 2) {
+      const uint32_t b = codec::nvfp4_quantize(y[i], sf) | (codec::nvfp4_quantize(y[i + 1], sf) << 4);
+      w[i / 8] |= b << (8 * ((i / 2) % 4));
+    }
+    *reinterpret_cast<uint2*>(rec + P::kLatentOffset + Ln::kLatentBytes * lane) = make_uint2(w[0], w[1]);
+    rec[P::kScaleOffset + lane] = sf_code;
+    const float v0 = load_in(p.rope, ro, kLaneRope * lane, p.bf16_input);
+    const float v1 = load_in(p.rope, ro, kLaneRope * lane + 1, p.bf16_input);
+    if constexpr (F == KvFormat::kNvfp4DsMla) {
+      if (lane == 0) *reinterpret_cast<uint4*>(rec + P::kPadOffset) = make_uint4(0, 0, 0, 0);  // 16 pad bytes
+      reinterpret_cast<uint32_t*>(rec + P::kRopeOffset)[lane] =
+          static_cast<uint32_t>(f32_to_bf16(v0)) | (static_cast<uint32_t>(f32_to_bf16(v1)) << 16);
+    } else {
+      const float ramax = warp_max(fmaxf(fabsf(v0), fabsf(v1)), 32);
+      const float rs = codec::rope_fp8_scale(ramax);
+      if (lane == 0) {
+        *reinterpret_cast<float*>(rec + P::kRopeScaleOffset) = rs;
+        *reinterpret_cast<uint32_t*>(rec + P::kPadOffset) = 0;  // 12 pad bytes: 4 + 8
+        *reinterpret_cast<uint2*>(rec + P::kPadOffset + sizeof(uint32_t)) = make_uint2(0, 0);
+      }
+      reinterpret_cast<uint16_t*>(rec + P::kRopeOffset)[lane] =
+          static_cast<uint16_t>(codec::rope_fp8_quantize(v0, rs) | (codec::rope_fp8_quantize(v1, rs) << 8));
+    }
+  }
+}
+
+}  // namespace
+
+int launch_write_cache(KvFormat format, const WriterParams& p, void* stream) {
+  if (p.n == 0) return 0;
+  const dim3 grid(static_cast<unsigned>((p.n + kWarpsPerBlock - 1) / kWarpsPerBlock));
+  const dim3 block(kWarpsPerBlock * 32);
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  return dispatch_format(format, int{cudaErrorInvalidValue}, [&](auto tag) {
+    write_cache_kernel<decltype(tag)::value><<<grid, block, 0, s>>>(p);
+    return static_cast<int>(cudaGetLastError());
+  });
+}
+
+}  // namespace mlakv::cuda::kernels

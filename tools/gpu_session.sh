@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# One device call that does a session's GPU work: builds the CUDA targets and the Python
+# package, runs the harness + compute-sanitizer + the CUDA benchmark (tools/gpu_check.sh),
+# the Python package's tests on CUDA tensors (torch), and, when .ext/flashmla is carried
+# (../shared/tools/flashmla-bench/prepare.sh), FlashMLA's benchmark on the same GPU right
+# after mlakv's. Logs under $OUT.
+#   usage (device tool): bash tools/gpu_session.sh        carry: .debs [.ext]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-$PWD/gpu-out}"
+mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0
+t0=$(date +%s)
+stamp() { echo "[gpu_session +$(( $(date +%s) - t0 ))s] $*"; }
+
+# FlashMLA builds on the CPU cores while mlakv builds; it is timed later, alone.
+if [ -d .ext/flashmla ]; then
+  NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+  CUDA_ROOT=$(dirname "$(dirname "$(readlink -f "$NVCC")")")
+  CCCL=""; for d in "$CUDA_ROOT/include/cccl" "$CUDA_ROOT/targets/x86_64-linux/include/cccl"; do [ -d "$d" ] && CCCL=$d && break; done
+  ( cd .ext/flashmla && env CPATH="$CCCL" FLASH_MLA_DISABLE_SM100=1 FLASH_MLA_DISABLE_FP16=1 NVCC_THREADS=2 MAX_JOBS=4 \
+      timeout 480 python3 setup.py build_ext --inplace >"$OUT/flashmla_build.log" 2>&1; echo "flashmla build exit $?" >>"$OUT/flashmla_build.log" ) &
+  fm_pid=$!
+fi
+
+# The Python package in the same build tree (the image's python3 has torch, nanobind, pytest).
+DEPS=/tmp/mlakv-deps
+mkdir -p "$DEPS"; for f in .debs/*.deb; do dpkg -x "$f" "$DEPS"; done
+export CMAKE_PREFIX_PATH="$DEPS/usr" LD_LIBRARY_PATH="$DEPS/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export CPATH="$DEPS/usr/include${CPATH:+:$CPATH}"
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DMLAKV_CUDA=ON -DMLAKV_CUDA_ARCHS=90a \
+  -DMLAKV_BUILD_TESTS=ON -DMLAKV_BUILD_BENCH=ON -DMLAKV_BUILD_PYTHON=ON -DPython_EXECUTABLE="$(command -v python3)" \
+  -DCMAKE_LIBRARY_PATH="$DEPS/usr/lib/x86_64-linux-gnu" -DCMAKE_INCLUDE_PATH="$DEPS/usr/include" \
+  >"$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
+cmake --build build-gpu --target cuda_harness bench_cuda mlakv_python -j 12 >"$OUT/build.log" 2>&1 \
+  || { grep -E "error" -A5 "$OUT/build.log" | head -60; exit 1; }
+cmake --build build-gpu --target mlakv_torch_ops -j 12 >"$OUT/build_torch_ops.log" 2>&1 \
+  && echo "torch ops built" || { echo "torch ops build FAILED"; grep -E "error" -A4 "$OUT/build_torch_ops.log" | head -40; }
+stamp "built"
+
+rc=0
+bash tools/gpu_check.sh harness sanitize bench || rc=1
+stamp "harness, sanitizers, bench done (rc $rc)"
+
+PYTHONPATH=build-gpu/python timeout 300 python3 -m pytest -q -p no:cacheprovider python/tests 2>&1 | tee "$OUT/pytest.log" | tail -15
+[ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+stamp "python tests done"
+
+if [ -n "${fm_pid:-}" ]; then
+  wait "$fm_pid"; tail -2 "$OUT/flashmla_build.log"
+  PYTHONUNBUFFERED=1 timeout 240 python3 .ext/flashmla-bench/bench_flashmla.py --flashmla .ext/flashmla \
+    --out "$OUT/flashmla.json" >"$OUT/flashmla.log" 2>&1; echo "flashmla bench exit $?"; tail -25 "$OUT/flashmla.log"
+  stamp "flashmla done"
+fi
+exit $rc
