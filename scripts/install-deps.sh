@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages mlakv builds with, only those that are missing.
 # Safe to run repeatedly; needs root (or sudo) only when something is missing.
+#   --fuzz   also clang and libFuzzer's runtime (the MLAKV_FUZZ build, docs/security.md)
 set -euo pipefail
 
 packages=(
@@ -8,6 +9,10 @@ packages=(
   libfmt-dev libcli11-dev nlohmann-json3-dev libhwy-dev libpcre2-dev
   libgtest-dev libgmock-dev libbenchmark-dev
 )
+if [ "${1:-}" = "--fuzz" ]; then
+  # clang drives -fsanitize=fuzzer; libclang-rt-dev holds libclang_rt.fuzzer (Debian 12: clang 14).
+  packages+=(clang libclang-rt-dev)
+fi
 
 missing=()
 for p in "${packages[@]}"; do

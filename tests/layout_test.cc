@@ -31,6 +31,7 @@ const std::map<std::string, int> kRank = {
 // readers (presets, config.json) live in src/model/.
 const std::map<std::string, std::string> kPublicRoom = {
     {"status", "core"},          {"tensor", "core"},          {"file_io", "core"},       {"rng", "core"},
+    {"untrusted", "core"},
     {"numerics", "format"},      {"formats", "format"},       {"codec", "format"},
     {"mla_geometry", "format"},  {"model_config", "format"},  {"allocator", "memory"},
     {"cache", "cache"},          {"attention", "attention"},  {"attn_state", "attention"},

@@ -187,7 +187,8 @@ std::span<const FormatInfo> all_formats();
 std::optional<KvFormat> parse_format(std::string_view name);
 std::string_view format_name(KvFormat f);
 // Record size for a geometry; only bf16 supports latent/rope dims other than 512/64
-// (returns -1 for the others, see codec.h for the Status-returning check).
+// (returns -1 for the others, and for a bf16 geometry whose size overflows int or has
+// a negative dim; see codec.h for the Status-returning check).
 int record_bytes(KvFormat f, int latent_dim = kLatentDim, int rope_dim = kRopeDim);
 
 }  // namespace mlakv

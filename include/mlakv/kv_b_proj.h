@@ -82,10 +82,13 @@ struct WeightQuantOptions {
   // against scales.shape[0] == ceil(K / G).
   int64_t group_size = 0;
   GptqFormat gptq_format = GptqFormat::kV1;
-  // fp8 block shape (quantization_config.weight_block_size), rows x columns.
+  // fp8 block shape (quantization_config.weight_block_size), rows x columns; a config
+  // may give at most kMaxFp8BlockExtent for each.
   int64_t fp8_block_rows = 128;
   int64_t fp8_block_cols = 128;
 };
+
+inline constexpr int64_t kMaxFp8BlockExtent = int64_t{1} << 20;
 
 // Reads the options from a Hugging Face `quantization_config` object (the JSON text
 // of that object, or of a whole config.json holding one). Understands quant_method
@@ -97,6 +100,9 @@ struct WeightQuantOptions {
 // malformed JSON, a missing or unknown quant_method, a field of the wrong type, a GPTQ
 // checkpoint_format other than gptq / gptq_v2, or an AWQ version other than GEMM.
 StatusOr<WeightQuantOptions> parse_weight_quant_options(std::string_view quantization_config_json);
+// The options of a checkpoint: `path` is its config.json or the directory holding it.
+// Defaults when config.json has no (or a null) quantization_config; errors name the file.
+StatusOr<WeightQuantOptions> load_weight_quant_options(const std::string& path);
 
 // THE reader of a checkpoint's quantization settings (every command and loader uses it).
 // `config_json` is a whole config.json; a `quantization_config` that is absent or null
@@ -131,6 +137,11 @@ StatusOr<WeightEncoding> detect_weight_encoding(const TensorSource& src, std::st
 // gives its [n, k], and `out` is then partly written.
 Status dequantize_weight(const TensorSource& src, std::string_view prefix, int64_t N, int64_t K,
                          const WeightQuantOptions& opt, const TensorView& out);
+// Every check dequantize_weight makes before writing, without an output: callers run it
+// before allocating the [N, K] result, so a config's geometry cannot make them allocate
+// more than the tensors actually present justify.
+Status check_weight_storage(const TensorSource& src, std::string_view prefix, int64_t N, int64_t K,
+                            const WeightQuantOptions& opt);
 
 // dequantize_weight for kv_b_proj: `out` is [H*(P+V), L] or the per-head view
 // [H, P+V, L] (f32 or bf16, CPU, contiguous). Of `geo` only H (num_heads: the heads the

@@ -39,6 +39,10 @@ struct RopeConfig {
   bool interleaved = true;
 };
 
+// Most decoder layers, and most MTP layers, a config may declare (validate() checks;
+// keeps cache_layers() and per-token byte counts far from overflow).
+inline constexpr int kMaxModelLayers = 1 << 16;
+
 // The model's MLA geometry (hidden_size, num_heads = all H of the model, q_lora_rank,
 // kv_lora_rank, qk_nope/rope_head_dim, v_head_dim, qk_head_dim()) is the MlaGeometry
 // base: a ModelConfig is passed wherever a layer, dequantization or absorption wants
@@ -65,7 +69,8 @@ struct ModelConfig : MlaGeometry {
 
   const MlaGeometry& geometry() const { return *this; }
   MlaGeometry& geometry() { return *this; }
-  int cache_layers() const { return num_layers + num_mtp_layers; }
+  // num_layers + num_mtp_layers, in int64 so an unvalidated config cannot overflow it.
+  int64_t cache_layers() const { return int64_t{num_layers} + num_mtp_layers; }
   // (P+R)^-0.5 * m^2 with m = 0.1 * mscale_all_dim * ln(factor) + 1 under YaRN with a
   // non-zero mscale_all_dim (DeepSeek: 0.135234, Kimi K2 f=32: 0.130861, GLM-5: 0.0625).
   double softmax_scale() const;

@@ -26,6 +26,7 @@
 #include <utility>
 #include <vector>
 
+#include "mlakv/file_io.h"
 #include "mlakv/status.h"
 #include "mlakv/tensor.h"
 #include "mlakv/tensor_source.h"
@@ -57,7 +58,12 @@ class SafetensorsFile final : public TensorSource {
   // Maps and validates `path`. Errors: kNotFound (no such file), kIoError (the OS
   // refused to open/map it), kDataLoss (malformed header or offsets), kUnimplemented
   // (a tensor's dtype has no mlakv DType). Zero-sized tensors are accepted.
+  // A FIFO, device or directory is refused (kInvalidArgument) without blocking.
   static StatusOr<std::unique_ptr<SafetensorsFile>> open(const std::string& path);
+  // The same validation over `size` bytes in memory (copied; `name` stands for the
+  // path in messages). For bytes that did not come from a file (tests, fuzzing,
+  // bindings).
+  static StatusOr<std::unique_ptr<SafetensorsFile>> open_memory(const void* data, std::size_t size, std::string name);
 
   ~SafetensorsFile() override;
   SafetensorsFile(const SafetensorsFile&) = delete;
@@ -82,10 +88,12 @@ class SafetensorsFile final : public TensorSource {
 
  private:
   SafetensorsFile() = default;
+  Status parse(const uint8_t* bytes);  // bytes = the whole file, map_size_ long
   std::size_t index_of(std::string_view name) const;  // tensors_.size() when absent
 
   std::string path_;
   void* map_ = nullptr;  // the whole file, PROT_READ
+  std::unique_ptr<uint8_t[]> owned_;  // or, from open_memory(), a copy of the bytes
   uint64_t map_size_ = 0;
   uint64_t data_offset_ = 0;
   std::map<std::string, std::string> metadata_;
@@ -124,6 +132,7 @@ class Checkpoint final : public TensorSource {
 
  private:
   Checkpoint() = default;
+  static StatusOr<std::unique_ptr<Checkpoint>> open_unguarded(const std::string& dir_or_file);
 
   std::string root_;  // directory, or the single file
   bool indexed_ = false;
@@ -139,6 +148,10 @@ class Checkpoint final : public TensorSource {
 // violation nothing is written (kInvalidArgument naming the tensor). The file appears
 // atomically (temporary + rename); an I/O failure leaves no partial file (kIoError).
 Status write_safetensors(const std::string& path, const std::vector<std::pair<std::string, TensorView>>& tensors,
+                         const std::map<std::string, std::string>& metadata = {});
+// The same file written into `out` without committing it: a caller that writes several
+// outputs commits them only once all were written (both or neither).
+Status write_safetensors(io::AtomicFile& out, const std::vector<std::pair<std::string, TensorView>>& tensors,
                          const std::map<std::string, std::string>& metadata = {});
 
 }  // namespace mlakv

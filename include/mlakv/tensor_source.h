@@ -31,8 +31,12 @@ class TensorSource {
 class TensorMap final : public TensorSource {
  public:
   // Adds (or replaces) a tensor with a copy of `bytes` (size must equal numel*itemsize).
+  // kInvalidArgument for a negative extent, more than kMaxTensorDims dimensions, a size
+  // that overflows or does not match; kResourceExhausted when the copy cannot be allocated.
   Status add(std::string name, DType dtype, std::vector<int64_t> shape, const void* bytes, std::size_t nbytes);
-  // Adds a zero-filled tensor and returns a writable view of it.
+  // Adds a zero-filled tensor and returns a writable view of it; an empty view (data
+  // null, ndim 0) and nothing added when the shape is invalid, overflows or cannot be
+  // allocated.
   TensorView add_zeros(std::string name, DType dtype, std::vector<int64_t> shape);
 
   std::optional<TensorView> find(std::string_view name) const override;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <new>
 
 #include "mlakv/cache.h"
 
@@ -22,7 +23,11 @@ StatusOr<BlockManager> BlockManager::create(int64_t num_blocks, int block_size) 
   if (num_blocks > std::numeric_limits<int64_t>::max() / block_size) {
     return invalid_argument("num_blocks * block_size overflows int64");
   }
-  return BlockManager(num_blocks, block_size);
+  try {  // two tables of num_blocks entries: up to 16 GiB for 2^31 - 1 blocks
+    return BlockManager(num_blocks, block_size);
+  } catch (const std::bad_alloc&) {
+    return resource_exhausted(fmt::format("cannot allocate the tables of {} blocks", num_blocks));
+  }
 }
 
 SeqId BlockManager::add_sequence() {
@@ -42,13 +47,22 @@ StatusOr<std::vector<int64_t>> BlockManager::append(SeqId seq, int64_t n) {
   if (it == seqs_.end()) return not_found(fmt::format("append: sequence {} does not exist", seq));
   if (n < 0) return invalid_argument(fmt::format("append: n must be >= 0, got {}", n));
   Sequence& s = it->second;
+  // Computed without s.length + n (n may be near 2^63) and without need_tokens +
+  // block_size - 1; the slot vector is allocated only once the blocks are known to exist.
   const int64_t capacity = static_cast<int64_t>(s.blocks.size()) * block_size_;
-  const int64_t need_tokens = s.length + n - capacity;
-  const int64_t need_blocks = need_tokens > 0 ? (need_tokens + block_size_ - 1) / block_size_ : 0;
+  const int64_t need_tokens = n - (capacity - s.length);  // capacity >= length
+  const int64_t need_blocks = need_tokens > 0 ? need_tokens / block_size_ + (need_tokens % block_size_ != 0) : 0;
   if (need_blocks > num_free_blocks()) {
     return resource_exhausted(fmt::format(
         "append: sequence {} needs {} more blocks for {} tokens, only {} of {} are free", seq, need_blocks, n,
         num_free_blocks(), num_blocks_));
+  }
+  std::vector<int64_t> slots;
+  try {
+    slots.resize(static_cast<std::size_t>(n));
+    s.blocks.reserve(s.blocks.size() + static_cast<std::size_t>(need_blocks));
+  } catch (const std::bad_alloc&) {
+    return resource_exhausted(fmt::format("append: cannot allocate {} slots for sequence {}", n, seq));
   }
   for (int64_t i = 0; i < need_blocks; ++i) {
     const int32_t b = free_.back();
@@ -56,7 +70,6 @@ StatusOr<std::vector<int64_t>> BlockManager::append(SeqId seq, int64_t n) {
     refcount_[static_cast<std::size_t>(b)] = 1;
     s.blocks.push_back(b);
   }
-  std::vector<int64_t> slots(static_cast<std::size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
     const int64_t pos = s.length + i;
     const int64_t block = s.blocks[static_cast<std::size_t>(pos / block_size_)];

@@ -9,8 +9,9 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
-#include "core/file_io.h"
+#include "core/untrusted_json.h"
 #include "format/load_float.h"
+#include "mlakv/file_io.h"
 #include "mlakv/numerics.h"
 
 namespace mlakv {
@@ -20,11 +21,7 @@ using nlohmann::json;
 
 constexpr int kMaxLayers = 1 << 16;
 
-std::string shown(const json& v) {
-  std::string s = v.dump();
-  if (s.size() > 60) s = s.substr(0, 60) + "...";
-  return s;
-}
+std::string shown(const json& v) { return json_util::shown(v); }
 
 // A scale the cache can hold: finite, > 0, and still so in float32.
 bool valid_scale(double s) {
@@ -65,9 +62,7 @@ Status check_scales(const OuterScales& s, std::string_view source) {
 }
 
 StatusOr<OuterScales> parse(std::string_view text, std::string_view source) {
-  json j = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return invalid_argument(fmt::format("{}: not valid JSON", source));
-  if (!j.is_object()) return invalid_argument(fmt::format("{}: top level must be a JSON object", source));
+  MLAKV_ASSIGN_OR_RETURN(json j, json_util::parse(text, source));
   auto missing = [&](const char* key) {
     return invalid_argument(fmt::format("{}: required field '{}' is missing", source, key));
   };
@@ -173,7 +168,7 @@ StatusOr<OuterScales> parse_outer_scales(std::string_view json_text, std::string
 }
 
 StatusOr<OuterScales> load_outer_scales(const std::string& path) {
-  MLAKV_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, io::read_file(path));
+  MLAKV_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, io::read_file(path, io::kMaxConfigBytes));
   return parse_outer_scales(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), path);
 }
 

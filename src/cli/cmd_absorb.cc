@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -14,6 +15,7 @@
 
 #include "cli/cli.h"
 #include "cli/progress.h"
+#include "mlakv/file_io.h"
 #include "mlakv/absorb.h"
 #include "mlakv/hf_config.h"
 #include "mlakv/safetensors.h"
@@ -24,6 +26,12 @@ namespace {
 
 constexpr double kMiB = 1024.0 * 1024.0;
 constexpr double kGiB = kMiB * 1024.0;
+
+// x units as bytes: finite, >= 0 and at most 2^60 bytes, else nullopt.
+std::optional<std::size_t> checked_bytes(double x, double unit) {
+  if (!std::isfinite(x) || x < 0 || x * unit > 1152921504606846976.0) return std::nullopt;
+  return static_cast<std::size_t>(x * unit);
+}
 
 struct AbsorbArgs {
   std::string model_dir;
@@ -188,10 +196,18 @@ Status run_report(const AbsorbArgs& a, const Source& s, const AbsorbModelOptions
   if (!(a.other_weights_mib >= 0)) {
     return invalid_argument(fmt::format("--other-weights-mib {}: must be >= 0", a.other_weights_mib));
   }
-  mem.device_bytes = static_cast<std::size_t>(gib * kGiB);
+  // double -> size_t only when finite and in range (--gpu-mem inf, 1e300).
+  const std::optional<std::size_t> device_bytes = checked_bytes(gib, kGiB);
+  if (!device_bytes) return invalid_argument(fmt::format("--gpu-mem {}: must be a finite size up to 2^50 GiB", gib));
+  const std::optional<std::size_t> other_bytes = checked_bytes(a.other_weights_mib, kMiB);
+  if (!other_bytes) {
+    return invalid_argument(
+        fmt::format("--other-weights-mib {}: must be a finite size up to 2^60 MiB", a.other_weights_mib));
+  }
+  mem.device_bytes = *device_bytes;
   mem.virtual_device = !a.host_memory;
   MLAKV_ASSIGN_OR_RETURN(mem.quantized_copy, parse_quantized_copy(a.quantized_copy));
-  mem.other_weights_bytes = static_cast<std::size_t>(a.other_weights_mib * kMiB);
+  mem.other_weights_bytes = *other_bytes;
   AbsorbModelOptions o = base;
   std::unique_ptr<Progress> pr;
   const int per_run = s.config.num_layers + (o.include_mtp ? s.config.num_mtp_layers : 0);
@@ -309,7 +325,8 @@ Status run_absorb(AbsorbArgs a) {
   std::optional<std::size_t> limit;
   if (a.gpu_mem) {
     if (!(*a.gpu_mem > 0)) return invalid_argument(fmt::format("--gpu-mem {}: must be > 0 GiB", *a.gpu_mem));
-    limit = static_cast<std::size_t>(*a.gpu_mem * kGiB);
+    limit = checked_bytes(*a.gpu_mem, kGiB);
+    if (!limit) return invalid_argument(fmt::format("--gpu-mem {}: must be a finite size up to 2^50 GiB", *a.gpu_mem));
   }
   CachingAllocator alloc(make_host_backing(limit));
   std::unique_ptr<Progress> pr;
@@ -324,6 +341,11 @@ Status run_absorb(AbsorbArgs a) {
   if (pr) pr->finish();
   const AllocatorStats st = alloc.stats();
   if (!a.out.empty()) {
+    if (const auto* ckpt = dynamic_cast<const Checkpoint*>(s.tensors.get())) {
+      for (const auto& shard : ckpt->shards()) {
+        MLAKV_RETURN_IF_ERROR(io::check_not_same_file(a.out, "--out", shard->path(), "a MODEL_DIR shard"));
+      }
+    }
     std::vector<std::pair<std::string, TensorView>> tensors;
     for (const AbsorbedLayer& l : layers) {
       tensors.emplace_back(fmt::format("model.layers.{}.self_attn.W_UK_T", l.layer), l.w_uk_t());

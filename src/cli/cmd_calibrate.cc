@@ -7,8 +7,8 @@
 #include "cli/cli.h"
 #include "cli/model_input.h"
 #include "cli/progress.h"
-#include "core/file_io.h"
 #include "mlakv/eval.h"
+#include "mlakv/file_io.h"
 #include "mlakv/model.h"
 #include "mlakv/outer_scales.h"
 #include "mlakv/safetensors.h"
@@ -30,6 +30,8 @@ StatusOr<OuterScales> calibrate_from_text(const CalibrateArgs& a, std::vector<in
   if (!a.activations.empty()) return invalid_argument("give either --activations or --model, not both");
   if (a.text.empty() == a.tokens.empty()) return invalid_argument("--model needs exactly one of --text and --tokens");
   if (a.threads < 0) return invalid_argument(fmt::format("--threads must be >= 0 (0 = all cores), got {}", a.threads));
+  MLAKV_RETURN_IF_ERROR(io::check_not_same_file(a.out, "--out", a.text.empty() ? a.tokens : a.text,
+                                                a.text.empty() ? "--tokens" : "--text"));
   MLAKV_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::load(a.model, ModelLoadOptions{.threads = a.threads}));
   std::optional<Tokenizer> tok;
   if (auto t = tokenizer_for(a.model, *model); t.ok()) tok = std::move(t).value();
@@ -107,6 +109,9 @@ StatusOr<OuterScales> calibrate_from_captures(const CalibrateArgs& a, std::vecto
                                             a.activations[j], a.activations[i]));
       }
     }
+  }
+  for (const std::string& path : a.activations) {
+    MLAKV_RETURN_IF_ERROR(io::check_not_same_file(a.out, "--out", path, "--activations"));
   }
   OuterScaleCalibrator cal;
   for (const std::string& path : a.activations) {

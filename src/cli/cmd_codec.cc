@@ -10,7 +10,7 @@
 #include <span>
 
 #include "cli/cli.h"
-#include "core/file_io.h"
+#include "mlakv/file_io.h"
 #include "mlakv/codec.h"
 #include "mlakv/safetensors.h"
 
@@ -176,7 +176,7 @@ StatusOr<std::vector<float>> read_rows(const CodecArgs& a) {
     return rows;
   }
   if (!a.tensor.empty()) return invalid_argument("--tensor: only for a .safetensors --in");
-  MLAKV_ASSIGN_OR_RETURN(std::vector<uint8_t> in, io::read_file(a.in));
+  MLAKV_ASSIGN_OR_RETURN(std::vector<uint8_t> in, io::read_file(a.in, io::kMaxRawInputBytes));
   if (ends_with(a.in, ".npy")) return read_npy(a.in, in);
   DType dt;
   if (a.in_dtype == "f32") {
@@ -240,6 +240,7 @@ Status write_rows(const std::string& path, const std::vector<float>& rows, int64
 }
 
 Status run_encode(const CodecArgs& a) {
+  MLAKV_RETURN_IF_ERROR(io::check_not_same_file(a.out, "--out", a.in, "--in"));
   MLAKV_ASSIGN_OR_RETURN(CodecParams p, to_params(a.format, a));
   MLAKV_ASSIGN_OR_RETURN(std::vector<float> rows, read_rows(a));
   const int64_t n = static_cast<int64_t>(rows.size() / kQkDim);
@@ -262,7 +263,8 @@ Status run_encode(const CodecArgs& a) {
 }
 
 Status run_decode(const CodecArgs& a) {
-  MLAKV_ASSIGN_OR_RETURN(std::vector<uint8_t> in, io::read_file(a.in));
+  MLAKV_RETURN_IF_ERROR(io::check_not_same_file(a.out, "--out", a.in, "--in"));
+  MLAKV_ASSIGN_OR_RETURN(std::vector<uint8_t> in, io::read_file(a.in, io::kMaxRawInputBytes));
   CodecParams p;
   std::size_t offset = 0;
   int64_t n = 0;

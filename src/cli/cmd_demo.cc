@@ -2,6 +2,8 @@
 // geometry (absorbed 576-wide query, 512 + 64 latent), a synthetic RMS-normed latent
 // context (docs/demo.md) with a planted needle, attended in every KV format; each is
 // compared with the float64 reference on the unquantized latent.
+#include <unistd.h>
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -20,6 +22,10 @@
 
 namespace mlakv::cli {
 namespace {
+
+// --context: 4M tokens need ~28 GiB on the host (see the memory check in run_demo).
+constexpr int64_t kMaxDemoContext = int64_t{1} << 22;
+constexpr int kMaxDemoReps = 10000;
 
 struct DemoArgs {
   int64_t context = 16384;
@@ -41,11 +47,21 @@ struct FormatResult {
 };
 
 Status run_demo(const DemoArgs& a) {
-  if (a.context < 2 || a.context > (int64_t{1} << 24)) {
-    return invalid_argument(fmt::format("--context must be in [2, 16777216], got {}", a.context));
+  if (a.context < 2 || a.context > kMaxDemoContext) {
+    return invalid_argument(fmt::format("--context must be in [2, {}], got {}", kMaxDemoContext, a.context));
   }
   if (a.heads < 1 || a.heads > 128) return invalid_argument(fmt::format("--heads must be in [1, 128], got {}", a.heads));
-  if (a.reps < 1) return invalid_argument(fmt::format("--reps must be >= 1, got {}", a.reps));
+  if (a.reps < 1 || a.reps > kMaxDemoReps) {
+    return invalid_argument(fmt::format("--reps must be in [1, {}], got {}", kMaxDemoReps, a.reps));
+  }
+  // Host memory the run holds at once: the float32 context twice (generated latents and
+  // the reference's packed copy), the geometry cache and one format's cache (bf16 at most).
+  const double need = static_cast<double>(a.context) * (2.0 * 4 * kQkDim + 2.0 * record_bytes(KvFormat::kBf16));
+  const double have = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGESIZE));
+  if (have > 0 && need > 0.8 * have) {
+    return resource_exhausted(fmt::format("--context {} needs about {:.1f} GiB of memory; this machine has {:.1f} GiB",
+                                          a.context, need / (1 << 30), have / (1 << 30)));
+  }
   if (a.threads < 0) return invalid_argument(fmt::format("--threads must be >= 0 (0 = all), got {}", a.threads));
   std::vector<KvFormat> formats;
   if (a.format == "all") {

@@ -10,7 +10,7 @@
 #include "cli/cli.h"
 #include "cli/model_input.h"
 #include "cli/progress.h"
-#include "core/file_io.h"
+#include "mlakv/file_io.h"
 #include "mlakv/eval.h"
 #include "mlakv/model.h"
 #include "mlakv/outer_scales.h"

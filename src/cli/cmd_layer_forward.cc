@@ -8,6 +8,7 @@
 #include <numeric>
 
 #include "cli/cli.h"
+#include "mlakv/file_io.h"
 #include "mlakv/hf_config.h"
 #include "mlakv/mla_layer.h"
 #include "mlakv/outer_scales.h"
@@ -77,6 +78,14 @@ Status run_layer_forward(const LayerForwardArgs& a) {
   if (a.chunk < 0) return invalid_argument(fmt::format("--chunk must be >= 0, got {}", a.chunk));
   if (a.threads < 0) return invalid_argument(fmt::format("--threads must be >= 0, got {}", a.threads));
 
+  // Outputs never replace an input, and --capture never replaces --output.
+  MLAKV_RETURN_IF_ERROR(io::check_not_same_file(a.output, "--output", a.input, "--input"));
+  MLAKV_RETURN_IF_ERROR(io::check_not_same_file(a.output, "--output", a.scales, "--scales"));
+  if (!a.capture.empty()) {
+    MLAKV_RETURN_IF_ERROR(io::check_not_same_file(a.capture, "--capture", a.output, "--output"));
+    MLAKV_RETURN_IF_ERROR(io::check_not_same_file(a.capture, "--capture", a.input, "--input"));
+    MLAKV_RETURN_IF_ERROR(io::check_not_same_file(a.capture, "--capture", a.scales, "--scales"));
+  }
   MLAKV_ASSIGN_OR_RETURN(ModelConfig cfg, load_hf_config(a.model));
   MLAKV_ASSIGN_OR_RETURN(WeightQuantOptions quant, load_checkpoint_quant_options(a.model));
   if (a.layer < 0 || a.layer >= cfg.cache_layers()) {
@@ -110,6 +119,10 @@ Status run_layer_forward(const LayerForwardArgs& a) {
   }
 
   MLAKV_ASSIGN_OR_RETURN(auto ckpt, Checkpoint::open(a.model));
+  for (const auto& shard : ckpt->shards()) {
+    MLAKV_RETURN_IF_ERROR(io::check_not_same_file(a.output, "--output", shard->path(), "a --model shard"));
+    MLAKV_RETURN_IF_ERROR(io::check_not_same_file(a.capture, "--capture", shard->path(), "a --model shard"));
+  }
   ThreadPool pool(a.threads);
   MlaLoadOptions lo;
   lo.quant = quant;
@@ -152,14 +165,21 @@ Status run_layer_forward(const LayerForwardArgs& a) {
                                                    {"layer", std::to_string(a.layer)},
                                                    {"format", std::string(format_name(*format))},
                                                    {"outer_scale", fmt::format("{}", lf.layers[0].outer_scale)}};
+  // Both files or neither: each is written to its temporary first, and only when both
+  // are complete are they renamed into place.
+  MLAKV_ASSIGN_OR_RETURN(io::AtomicFile out_file, io::AtomicFile::create(a.output));
   MLAKV_RETURN_IF_ERROR(write_safetensors(
-      a.output, {{"output", TensorView::contiguous(out.data(), DType::kF32, {T, cfg.hidden_size})}}, meta));
+      out_file, {{"output", TensorView::contiguous(out.data(), DType::kF32, {T, cfg.hidden_size})}}, meta));
+  std::optional<io::AtomicFile> capture_file;
   if (capture) {
+    MLAKV_ASSIGN_OR_RETURN(capture_file, io::AtomicFile::create(a.capture));
     MLAKV_RETURN_IF_ERROR(write_safetensors(
-        a.capture,
+        *capture_file,
         {{capture_tensor_name(a.layer), TensorView::contiguous(captured.data(), DType::kF32, {T, kLatentDim})}},
         {{"generator", "mlakv layer-forward --capture"}, {"model", portable_name(cfg.name)}}));
+    MLAKV_RETURN_IF_ERROR(capture_file->commit());
   }
+  MLAKV_RETURN_IF_ERROR(out_file.commit());
   if (a.json) {
     print_json({{"model", cfg.name},
                 {"layer", a.layer},

@@ -1,13 +1,20 @@
 #include <fmt/format.h>
 
 #include <cstdio>
+#include <exception>
+#include <new>
 #include <string_view>
 
 #include "cli/cli.h"
+#include "mlakv/untrusted.h"
 
 namespace mlakv::cli {
 
-void print_json(const nlohmann::json& j) { fmt::print("{}\n", j.dump(2)); }
+// Strings that are not valid UTF-8 (a path, a name from a file) are printed with
+// U+FFFD instead of throwing nlohmann::type_error after the work is done.
+void print_json(const nlohmann::json& j) {
+  fmt::print("{}\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
+}
 
 namespace {
 constexpr int kExitFailure = 1;
@@ -57,9 +64,22 @@ int main(int argc, char** argv) {
     json_error("usage", "no command given");
     return kExitUsage;
   }
-  const mlakv::Status st = cli.action();
+  // Nothing escapes: a failed Status, an exception from any layer (allocation, a JSON
+  // type error, CLI11) all end as "error: ..." and exit 1. Messages are escaped once
+  // more (mlakv/untrusted.h) so no control byte reaches the terminal.
+  mlakv::Status st;
+  try {
+    st = cli.action();
+  } catch (const std::bad_alloc&) {
+    st = mlakv::resource_exhausted("out of memory");
+  } catch (const std::exception& e) {
+    st = mlakv::internal_error(fmt::format("unexpected failure: {}", e.what()));
+  } catch (...) {
+    st = mlakv::internal_error("unexpected failure (unknown exception)");
+  }
   if (!st.ok()) {
-    std::fprintf(stderr, "error: %s\n", st.message().c_str());
+    std::fflush(stdout);
+    std::fprintf(stderr, "error: %s\n", mlakv::escape_untrusted(st.message(), 1 << 16).c_str());
     json_error(mlakv::status_code_name(st.code()), st.message());
     return kExitFailure;
   }

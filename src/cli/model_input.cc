@@ -4,7 +4,7 @@
 
 #include <filesystem>
 
-#include "core/file_io.h"
+#include "mlakv/file_io.h"
 
 namespace mlakv::cli {
 
@@ -23,7 +23,7 @@ StatusOr<Tokenizer> tokenizer_for(const std::string& dir, const Model& model) {
 StatusOr<std::vector<int32_t>> input_tokens(const std::string& text_path, const std::string& tokens_path,
                                             const Tokenizer* tok, int32_t vocab) {
   if (!tokens_path.empty()) return read_token_file(tokens_path, vocab);
-  MLAKV_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, io::read_file(text_path));
+  MLAKV_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, io::read_file(text_path, kMaxTextBytes));
   if (bytes.size() > kMaxTextBytes) return invalid_argument(fmt::format("{}: larger than 1 GiB", text_path));
   if (bytes.empty()) return invalid_argument(fmt::format("{}: the text is empty", text_path));
   if (!tok) return invalid_argument("--text needs a tokenizer (the model directory has none): use --tokens");

@@ -1,3 +1,4 @@
+#include <cstdint>
 #include "mlakv/formats.h"
 
 #include <array>
@@ -75,7 +76,11 @@ std::optional<KvFormat> parse_format(std::string_view name) {
 }
 
 int record_bytes(KvFormat f, int latent_dim, int rope_dim) {
-  if (f == KvFormat::kBf16) return 2 * (latent_dim + rope_dim);
+  if (f == KvFormat::kBf16) {
+    // 2 * (L + R) in int64: L and R come from config.json (up to 2^30 each).
+    const int64_t bytes = 2 * (int64_t{latent_dim} + rope_dim);
+    return latent_dim < 0 || rope_dim < 0 || bytes > INT32_MAX ? -1 : static_cast<int>(bytes);
+  }
   if (latent_dim != kLatentDim || rope_dim != kRopeDim) return -1;
   return format_info(f).record_bytes;
 }

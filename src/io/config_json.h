@@ -8,7 +8,7 @@
 #include <system_error>
 #include <vector>
 
-#include "core/file_io.h"
+#include "mlakv/file_io.h"
 #include "mlakv/status.h"
 
 namespace mlakv::io {
@@ -24,7 +24,7 @@ inline StatusOr<ConfigJson> read_config_json(const std::string& path) {
   c.file = path;
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) c.file = (std::filesystem::path(path) / "config.json").string();
-  MLAKV_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, read_file(c.file));
+  MLAKV_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, read_file(c.file, kMaxConfigBytes));
   c.text.assign(bytes.begin(), bytes.end());
   return c;
 }

@@ -22,19 +22,15 @@
 #include <numeric>
 #include <set>
 
-#include "core/file_io.h"
+#include "core/untrusted_json.h"
+#include "mlakv/file_io.h"
+#include "mlakv/untrusted.h"
 
 namespace mlakv {
 namespace {
 
 using nlohmann::json;
 namespace fs = std::filesystem;
-
-// Valid headers nest three deep (root -> entry -> shape); anything far deeper is an
-// attack on the parser, refused before parsing.
-constexpr int kMaxJsonNesting = 16;
-// model.safetensors.index.json of DeepSeek-V3 is about 9 MB.
-constexpr uint64_t kMaxIndexBytes = uint64_t{100} << 20;
 
 struct DTypeName {
   std::string_view name;
@@ -58,69 +54,15 @@ constexpr std::array<DTypeName, 11> kDTypeNames = {{
 constexpr std::array<std::string_view, 9> kUnsupportedDTypes = {"BOOL",    "U16",     "U32", "U64", "F8_E5M2",
                                                                 "F6_E2M3", "F6_E3M2", "F4",  "C64"};
 
-// Names come from untrusted files: keep messages bounded.
-std::string shown(std::string_view s) {
-  constexpr std::size_t kMax = 160;
-  if (s.size() <= kMax) return std::string(s);
-  return fmt::format("{}... ({} bytes)", s.substr(0, kMax), s.size());
-}
+// Names come from untrusted files: bounded, control characters escaped.
+std::string shown(std::string_view s) { return escape_untrusted(s); }
 
-// Deepest {/[ nesting in a JSON text (string contents skipped); stops once past `limit`.
-int json_nesting(std::string_view text, int limit) {
-  int depth = 0;
-  int deepest = 0;
-  bool in_string = false;
-  bool escaped = false;
-  for (char c : text) {
-    if (in_string) {
-      if (escaped) {
-        escaped = false;
-      } else if (c == '\\') {
-        escaped = true;
-      } else if (c == '"') {
-        in_string = false;
-      }
-      continue;
-    }
-    if (c == '"') {
-      in_string = true;
-    } else if (c == '{' || c == '[') {
-      deepest = std::max(deepest, ++depth);
-      if (deepest > limit) break;
-    } else if (c == '}' || c == ']') {
-      --depth;
-    }
-  }
-  return deepest;
-}
-
-// Parses an untrusted JSON text; `duplicate_key` receives the first top-level key seen
-// twice (nlohmann keeps only the last, which would hide a conflicting entry).
+// Parses an untrusted JSON text (core/untrusted_json.h); corruption is kDataLoss.
 StatusOr<json> parse_json(std::string_view text, std::string_view source, std::string* duplicate_key) {
-  if (json_nesting(text, kMaxJsonNesting) > kMaxJsonNesting) {
-    return data_loss(fmt::format("{}: JSON nests deeper than {} levels", source, kMaxJsonNesting));
-  }
-  std::set<std::string, std::less<>> top_keys;
-  bool dup = false;
-  auto on_event = [&](int depth, json::parse_event_t event, json& parsed) {
-    if (event == json::parse_event_t::key && depth == 1 && !dup) {
-      if (const auto* key = parsed.get_ptr<const std::string*>(); key != nullptr && !top_keys.insert(*key).second) {
-        dup = true;
-        if (duplicate_key != nullptr) *duplicate_key = *key;
-      }
-    }
-    return true;
-  };
-  json j;
-  try {
-    j = json::parse(text.begin(), text.end(), on_event, /*allow_exceptions=*/false);
-  } catch (const std::exception& e) {  // allocation failure or a library invariant: keep it inside
-    return data_loss(fmt::format("{}: cannot parse JSON: {}", source, e.what()));
-  }
-  if (j.is_discarded()) return data_loss(fmt::format("{}: not valid JSON", source));
-  if (!j.is_object()) return data_loss(fmt::format("{}: top level must be a JSON object, got {}", source, j.type_name()));
-  if (!dup && duplicate_key != nullptr) duplicate_key->clear();
-  return j;
+  json_util::ParseOptions o;
+  o.code = StatusCode::kDataLoss;
+  o.duplicate_key = duplicate_key;
+  return json_util::parse(text, source, o);
 }
 
 // A non-negative JSON integer (nlohmann stores those as number_unsigned).
@@ -167,17 +109,17 @@ Status parse_entry(std::string_view path, const std::string& name, const json& e
     uint64_t extent = 0;
     if (!as_u64((*sh)[d], extent) || extent > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
       return data_loss(fmt::format("{}: shape entry {} is {} (must be a non-negative integer)", where, d,
-                                   shown((*sh)[d].dump())));
+                                   json_util::shown((*sh)[d])));
     }
     const auto x = static_cast<int64_t>(extent);
     if (__builtin_mul_overflow(numel, x, &numel) || __builtin_mul_overflow(span, std::max<int64_t>(x, 1), &span)) {
-      return data_loss(fmt::format("{}: shape {} overflows 64-bit element counts", where, shown(sh->dump())));
+      return data_loss(fmt::format("{}: shape {} overflows 64-bit element counts", where, json_util::shown(*sh)));
     }
     out.shape.push_back(x);
   }
   uint64_t nbytes = 0;
   if (__builtin_mul_overflow(static_cast<uint64_t>(numel), static_cast<uint64_t>(dtype_size(out.dtype)), &nbytes)) {
-    return data_loss(fmt::format("{}: shape {} x {} bytes overflows 64 bits", where, shown(sh->dump()),
+    return data_loss(fmt::format("{}: shape {} x {} bytes overflows 64 bits", where, json_util::shown(*sh),
                                  dtype_size(out.dtype)));
   }
 
@@ -185,7 +127,7 @@ Status parse_entry(std::string_view path, const std::string& name, const json& e
   if (off == e.end()) return data_loss(fmt::format("{}: missing 'data_offsets'", where));
   if (!off->is_array() || off->size() != 2 || !as_u64((*off)[0], out.begin) || !as_u64((*off)[1], out.end)) {
     return data_loss(fmt::format("{}: 'data_offsets' must be [begin, end] with non-negative integers, got {}", where,
-                                 shown(off->dump())));
+                                 json_util::shown(*off)));
   }
   if (out.begin > out.end) {
     return data_loss(fmt::format("{}: data_offsets [{}, {}] has begin > end", where, out.begin, out.end));
@@ -196,7 +138,7 @@ Status parse_entry(std::string_view path, const std::string& name, const json& e
   }
   if (out.end - out.begin != nbytes) {
     return data_loss(fmt::format("{}: data_offsets [{}, {}] hold {} bytes, but {} {} needs {}", where, out.begin,
-                                 out.end, out.end - out.begin, dtype_str, shown(sh->dump()), nbytes));
+                                 out.end, out.end - out.begin, dtype_str, json_util::shown(*sh), nbytes));
   }
   return Status::Ok();
 }
@@ -228,31 +170,20 @@ struct Mapping {
 };
 
 StatusOr<Mapping> map_file(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno == ENOENT) return not_found(fmt::format("{}: no such file", path));
-    return io_error(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
-  }
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    return io_error(fmt::format("{}: cannot stat: {}", path, std::strerror(err)));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return invalid_argument(fmt::format("{}: not a regular file", path));
-  }
-  const auto size = static_cast<uint64_t>(st.st_size);
+  // Non-blocking open + fstat first: a FIFO or device is refused, never waited on.
+  MLAKV_ASSIGN_OR_RETURN(io::OpenedFile f, io::open_regular_file(path));
+  const uint64_t size = f.size;
   if (size < 8) {
-    ::close(fd);
+    ::close(f.fd);
     return data_loss(fmt::format("{}: {} bytes is too short for a safetensors file (an 8-byte header length comes first)",
-                                 path, size));
+                                 shown(path), size));
   }
-  void* addr = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  void* addr = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, f.fd, 0);
   const int err = errno;
-  ::close(fd);  // the mapping keeps the file alive
-  if (addr == MAP_FAILED) return io_error(fmt::format("{}: cannot map {} bytes: {}", path, size, std::strerror(err)));
+  ::close(f.fd);  // the mapping keeps the file alive
+  if (addr == MAP_FAILED) {
+    return io_error(fmt::format("{}: cannot map {} bytes: {}", shown(path), size, std::strerror(err)));
+  }
   return Mapping{addr, size};
 }
 
@@ -298,23 +229,57 @@ std::string_view safetensors_dtype_name(DType dtype) {
 
 StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::open(const std::string& path) {
   if (path.empty()) return invalid_argument("safetensors path is empty");
-  MLAKV_ASSIGN_OR_RETURN(Mapping m, map_file(path));
-  std::unique_ptr<SafetensorsFile> f(new SafetensorsFile());
-  f->path_ = path;
-  f->map_ = m.addr;  // owned from here: the destructor unmaps on every error path
-  f->map_size_ = m.size;
-  const auto* bytes = static_cast<const uint8_t*>(m.addr);
+  try {
+    MLAKV_ASSIGN_OR_RETURN(Mapping m, map_file(path));
+    std::unique_ptr<SafetensorsFile> f(new SafetensorsFile());
+    f->path_ = path;
+    f->map_ = m.addr;  // owned from here: the destructor unmaps on every error path
+    f->map_size_ = m.size;
+    MLAKV_RETURN_IF_ERROR(f->parse(static_cast<const uint8_t*>(m.addr)));
+    return f;
+  } catch (const std::bad_alloc&) {
+    return resource_exhausted(fmt::format("{}: out of memory while reading the header", shown(path)));
+  } catch (const std::exception& e) {  // a library invariant: never across the API
+    return internal_error(fmt::format("{}: reading the file failed: {}", shown(path), e.what()));
+  }
+}
 
+StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::open_memory(const void* data, std::size_t size,
+                                                                         std::string name) {
+  if (data == nullptr && size != 0) return invalid_argument(fmt::format("{}: null data", shown(name)));
+  if (size < 8) {
+    return data_loss(fmt::format(
+        "{}: {} bytes is too short for a safetensors file (an 8-byte header length comes first)", shown(name), size));
+  }
+  try {
+    std::unique_ptr<SafetensorsFile> f(new SafetensorsFile());
+    f->path_ = std::move(name);
+    f->owned_ = std::make_unique<uint8_t[]>(size);  // operator new aligns to >= 16
+    std::memcpy(f->owned_.get(), data, size);
+    f->map_size_ = size;
+    MLAKV_RETURN_IF_ERROR(f->parse(f->owned_.get()));
+    return f;
+  } catch (const std::bad_alloc&) {
+    return resource_exhausted(fmt::format("{}: cannot allocate {} bytes for the file", shown(name), size));
+  } catch (const std::exception& e) {
+    return internal_error(fmt::format("{}: reading the buffer failed: {}", shown(name), e.what()));
+  }
+}
+
+Status SafetensorsFile::parse(const uint8_t* bytes) {
+  const std::string path = shown(path_);
+  const uint64_t map_size = map_size_;
+  SafetensorsFile* f = this;
   const uint64_t n = load_u64_le(bytes);
   if (n > kMaxSafetensorsHeaderBytes) {
     return data_loss(fmt::format("{}: header length {} exceeds the {}-byte limit", path, n,
                                  kMaxSafetensorsHeaderBytes));
   }
-  if (n > m.size - 8) {
-    return data_loss(fmt::format("{}: header length {} exceeds the {} bytes that follow it", path, n, m.size - 8));
+  if (n > map_size - 8) {
+    return data_loss(fmt::format("{}: header length {} exceeds the {} bytes that follow it", path, n, map_size - 8));
   }
   f->data_offset_ = 8 + n;
-  const uint64_t data_size = m.size - f->data_offset_;
+  const uint64_t data_size = map_size - f->data_offset_;
 
   std::string duplicate;
   MLAKV_ASSIGN_OR_RETURN(
@@ -358,11 +323,11 @@ StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::open(const std::stri
     }
     f->data_.push_back(p);
   }
-  return f;
+  return Status::Ok();
 }
 
 SafetensorsFile::~SafetensorsFile() {
-  if (map_ != nullptr) ::munmap(map_, map_size_);
+  if (map_ != nullptr) ::munmap(map_, map_size_);  // open_memory() files own `owned_` instead
 }
 
 std::size_t SafetensorsFile::index_of(std::string_view name) const {
@@ -415,6 +380,16 @@ bool path_exists(const fs::path& p) {
 }  // namespace
 
 StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::open(const std::string& dir_or_file) {
+  try {
+    return open_unguarded(dir_or_file);
+  } catch (const std::bad_alloc&) {
+    return resource_exhausted(fmt::format("{}: out of memory while opening the checkpoint", shown(dir_or_file)));
+  } catch (const std::exception& e) {  // a library invariant: never across the API
+    return internal_error(fmt::format("{}: opening the checkpoint failed: {}", shown(dir_or_file), e.what()));
+  }
+}
+
+StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::open_unguarded(const std::string& dir_or_file) {
   if (dir_or_file.empty()) return invalid_argument("checkpoint path is empty");
   const fs::path root(dir_or_file);
   std::error_code ec;
@@ -452,11 +427,7 @@ StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::open(const std::string& dir_or
 
   c->indexed_ = true;
   const std::string index = index_path.string();
-  const uintmax_t index_size = fs::file_size(index_path, ec);
-  if (!ec && index_size > kMaxIndexBytes) {
-    return data_loss(fmt::format("{}: {} bytes exceeds the {}-byte index limit", index, index_size, kMaxIndexBytes));
-  }
-  MLAKV_ASSIGN_OR_RETURN(std::vector<uint8_t> text, io::read_file(index));
+  MLAKV_ASSIGN_OR_RETURN(std::vector<uint8_t> text, io::read_file(index, io::kMaxIndexBytes));
   MLAKV_ASSIGN_OR_RETURN(
       json j, parse_json(std::string_view(reinterpret_cast<const char*>(text.data()), text.size()), index, nullptr));
 
@@ -464,7 +435,7 @@ StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::open(const std::string& dir_or
     if (!meta->is_object()) {
       return data_loss(fmt::format("{}: 'metadata' must be an object, got {}", index, meta->type_name()));
     }
-    for (const auto& [k, v] : meta->items()) c->metadata_.emplace(k, v.is_string() ? v.get<std::string>() : v.dump());
+    for (const auto& [k, v] : meta->items()) c->metadata_.emplace(k, v.is_string() ? v.get<std::string>() : v.dump(-1, ' ', false, json::error_handler_t::replace));
   }
   const auto wm = j.find("weight_map");
   if (wm == j.end()) return data_loss(fmt::format("{}: missing 'weight_map'", index));
@@ -491,7 +462,7 @@ StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::open(const std::string& dir_or
     if (!f.ok()) {
       if (f.status().code() == StatusCode::kNotFound) {
         return not_found(fmt::format("{}: shard '{}' (holding tensor '{}') is missing: {}", index, shown(shard),
-                                     shown(example), shard_path));
+                                     shown(example), shown(shard_path)));
       }
       return f.status().with_context(fmt::format("{}: shard '{}'", index, shown(shard)));
     }
@@ -534,9 +505,9 @@ const SafetensorsFile* Checkpoint::shard_of(std::string_view name) const {
 
 // ---- writer --------------------------------------------------------------------------
 
-Status write_safetensors(const std::string& path, const std::vector<std::pair<std::string, TensorView>>& tensors,
+Status write_safetensors(io::AtomicFile& out, const std::vector<std::pair<std::string, TensorView>>& tensors,
                          const std::map<std::string, std::string>& metadata) {
-  if (path.empty()) return invalid_argument("write_safetensors: path is empty");
+  const std::string path = shown(out.path());
   json header = json::object();
   std::vector<uint64_t> sizes;
   sizes.reserve(tensors.size());
@@ -591,29 +562,27 @@ Status write_safetensors(const std::string& path, const std::vector<std::pair<st
                                         text.size(), kMaxSafetensorsHeaderBytes));
   }
 
-  // Streamed (no second copy of the tensors in memory) to a temporary, then renamed.
-  const std::string tmp = path + ".tmp-mlakv";
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (f == nullptr) return io_error(fmt::format("{}: cannot create: {}", path, std::strerror(errno)));
+  // Streamed (no second copy of the tensors in memory) into the caller's temporary.
   uint8_t len[8];
   for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(static_cast<uint64_t>(text.size()) >> (8 * i));
-  bool ok = std::fwrite(len, 1, 8, f) == 8 && std::fwrite(text.data(), 1, text.size(), f) == text.size();
-  for (std::size_t i = 0; ok && i < tensors.size(); ++i) {
-    if (sizes[i] != 0) ok = std::fwrite(tensors[i].second.data, 1, sizes[i], f) == sizes[i];
-  }
-  ok = ok && std::fflush(f) == 0 && ::fsync(::fileno(f)) == 0;
-  const bool closed = std::fclose(f) == 0;
-  if (!ok || !closed) {
-    std::remove(tmp.c_str());
-    return io_error(fmt::format("{}: write failed", path));
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) {
-    std::remove(tmp.c_str());
-    return io_error(fmt::format("{}: cannot rename into place: {}", path, ec.message()));
+  MLAKV_RETURN_IF_ERROR(out.write(len, 8));
+  MLAKV_RETURN_IF_ERROR(out.write(text.data(), text.size()));
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    if (sizes[i] != 0) MLAKV_RETURN_IF_ERROR(out.write(tensors[i].second.data, sizes[i]));
   }
   return Status::Ok();
+}
+
+Status write_safetensors(const std::string& path, const std::vector<std::pair<std::string, TensorView>>& tensors,
+                         const std::map<std::string, std::string>& metadata) {
+  if (path.empty()) return invalid_argument("write_safetensors: path is empty");
+  try {
+    MLAKV_ASSIGN_OR_RETURN(io::AtomicFile f, io::AtomicFile::create(path));
+    MLAKV_RETURN_IF_ERROR(write_safetensors(f, tensors, metadata));
+    return f.commit();
+  } catch (const std::bad_alloc&) {
+    return resource_exhausted(fmt::format("write_safetensors {}: out of memory building the header", shown(path)));
+  }
 }
 
 }  // namespace mlakv

@@ -65,7 +65,10 @@
 #include <cmath>
 #include <optional>
 
+#include "core/untrusted_json.h"
 #include "io/config_json.h"
+#include "mlakv/file_io.h"
+#include "mlakv/untrusted.h"
 
 namespace mlakv {
 namespace {
@@ -104,11 +107,8 @@ const TypeDefaults* find_defaults(std::string_view model_type) {
   return nullptr;
 }
 
-std::string shown(const json& v) {
-  std::string s = v.dump();
-  if (s.size() > 80) s = s.substr(0, 80) + "...";
-  return s;
-}
+std::string shown(const json& v) { return json_util::shown(v); }
+std::string quote_str(std::string_view s) { return quote_untrusted(s); }
 
 bool present(const json& obj, const char* key) { return obj.contains(key) && !obj.at(key).is_null(); }
 
@@ -242,8 +242,8 @@ Status read_rope(const json& j, const Fields& top, int max_positions, int rope_d
     return Status::Ok();
   }
   if (t != "yarn" && t != "deepseek_yarn" && t != "longrope" && t != "linear") {
-    return unimplemented(fmt::format("{}: field '{}{}' = '{}' is not supported (default, linear, yarn, longrope)",
-                                     top.source, p.prefix, type_key, t));
+    return unimplemented(fmt::format("{}: field '{}{}' = {} is not supported (default, linear, yarn, longrope)",
+                                     top.source, p.prefix, type_key, quote_str(t)));
   }
 
   // original_max_position_embeddings: top level (Phi-3 style) > dict > max_position_embeddings.
@@ -349,9 +349,7 @@ StatusOr<int> full_indexer_layers(const Fields& f, int layers) {
 }
 
 StatusOr<ModelConfig> parse(std::string_view text, std::string_view source) {
-  json root = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
-  if (root.is_discarded()) return invalid_argument(fmt::format("{}: not valid JSON", source));
-  if (!root.is_object()) return invalid_argument(fmt::format("{}: top level must be a JSON object", source));
+  MLAKV_ASSIGN_OR_RETURN(json root, json_util::parse(text, source));
   // Multimodal wrappers (Kimi K2.5) keep the language model under text_config.
   const json* j = &root;
   std::string prefix;
@@ -366,8 +364,8 @@ StatusOr<ModelConfig> parse(std::string_view text, std::string_view source) {
   MLAKV_ASSIGN_OR_RETURN(std::optional<std::string> model_type, f.opt_string("model_type"));
   c.model_type = model_type.value_or("unknown");
   if (!j->contains("kv_lora_rank")) {
-    return invalid_argument(fmt::format("{}: model_type '{}' is not an MLA model (no field '{}kv_lora_rank')", source,
-                                        c.model_type, prefix));
+    return invalid_argument(fmt::format("{}: model_type {} is not an MLA model (no field '{}kv_lora_rank')", source,
+                                        quote_str(c.model_type), prefix));
   }
   const TypeDefaults* td = find_defaults(c.model_type);
 
@@ -399,6 +397,10 @@ StatusOr<ModelConfig> parse(std::string_view text, std::string_view source) {
     MLAKV_ASSIGN_OR_RETURN(mtp, f.opt_int("num_mtp_layers"));
   }
   c.num_mtp_layers = mtp.value_or(td != nullptr ? td->mtp_layers : 0);
+  if (c.num_layers > kMaxModelLayers || c.num_mtp_layers > kMaxModelLayers) {  // before any sum or per-layer walk
+    return invalid_argument(fmt::format("{}: field '{}num_hidden_layers' = {} / MTP layers = {}: each must be at most {}",
+                                        source, prefix, c.num_layers, c.num_mtp_layers, kMaxModelLayers));
+  }
   MLAKV_ASSIGN_OR_RETURN(c.rms_norm_eps, f.number_or("rms_norm_eps", td != nullptr ? td->rms_norm_eps : 1e-6));
   if (!(c.rms_norm_eps > 0.0)) return f.bad("rms_norm_eps", "> 0");
   c.kv_norm_eps = 1e-6;  // kv_a_layernorm uses the RMSNorm class default in transformers

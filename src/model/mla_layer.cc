@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/checked_math.h"
 #include "cpu/ops/linear.h"
 #include "format/load_float.h"
 #include "model/rope.h"
@@ -133,9 +134,27 @@ Status load_vector(const TensorSource& src, const std::string& name, int64_t n, 
   return Status::Ok();
 }
 
+// Largest dense projection load_linear builds (DeepSeek-V3's o_proj is 7168 x 16384 f32 =
+// 448 MiB); anything larger is refused before allocating.
+constexpr int64_t kMaxLinearBytes = int64_t{16} << 30;
+
 Status load_linear(const TensorSource& src, const std::string& prefix, int64_t N, int64_t K, const MlaLoadOptions& opt,
                    std::vector<float>& out) {
-  out.assign(static_cast<std::size_t>(N * K), 0.0f);
+  // The tensors present must justify the [N, K] f32 result before it is allocated: a
+  // config.json geometry alone could otherwise ask for tens of GiB.
+  const Status present = check_weight_storage(src, prefix, N, K, opt.quant);
+  if (!present.ok()) return present.with_context(fmt::format("{}: loading '{}' as [{}, {}]", src.describe(), prefix, N, K));
+  const std::optional<int64_t> bytes = checked::product({N, K, int64_t{sizeof(float)}});
+  if (!bytes || *bytes > kMaxLinearBytes) {
+    return resource_exhausted(fmt::format("{}: '{}' as [{}, {}] f32 exceeds the {}-byte limit for one projection",
+                                          src.describe(), prefix, N, K, kMaxLinearBytes));
+  }
+  try {
+    out.assign(static_cast<std::size_t>(N * K), 0.0f);
+  } catch (const std::bad_alloc&) {
+    return resource_exhausted(fmt::format("{}: cannot allocate {} bytes for '{}' [{}, {}]", src.describe(), *bytes,
+                                          prefix, N, K));
+  }
   const Status st =
       dequantize_weight(src, prefix, N, K, opt.quant, TensorView::contiguous(out.data(), DType::kF32, {N, K}));
   if (!st.ok()) {
@@ -200,8 +219,23 @@ Status absorb_kv_b_proj(const std::vector<float>& kv_b, const MlaGeometry& geo, 
   return Status::Ok();
 }
 
+namespace {
+StatusOr<MlaLayerWeights> load_layer(const TensorSource& src, const ModelConfig& cfg, int layer,
+                                     const MlaLoadOptions& opt);
+}  // namespace
+
 StatusOr<MlaLayerWeights> load_mla_layer(const TensorSource& src, const ModelConfig& cfg, int layer,
                                          const MlaLoadOptions& opt) {
+  try {
+    return load_layer(src, cfg, layer, opt);
+  } catch (const std::bad_alloc&) {  // every size was checked against the tensors first; memory may still run out
+    return resource_exhausted(fmt::format("{}: out of memory loading layer {}", cfg.name, layer));
+  }
+}
+
+namespace {
+StatusOr<MlaLayerWeights> load_layer(const TensorSource& src, const ModelConfig& cfg, int layer,
+                                     const MlaLoadOptions& opt) {
   MLAKV_RETURN_IF_ERROR(check_geometry(cfg));
   if (layer < 0 || layer >= cfg.cache_layers()) {
     return out_of_range(fmt::format("{}: layer {} is outside [0, {}) ({} decoder + {} MTP layers)", cfg.name, layer,
@@ -236,6 +270,7 @@ StatusOr<MlaLayerWeights> load_mla_layer(const TensorSource& src, const ModelCon
   MLAKV_RETURN_IF_ERROR(load_vector(src, pre + "o_proj.bias", D, true, w.o_bias));
   return w;
 }
+}  // namespace
 
 Status mla_layer_project(const MlaLayerWeights& w, const ModelConfig& cfg, const TensorView& hidden,
                          const TensorView& positions, const TensorView& q, const TensorView& latent,

@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <set>
 
-#include "core/file_io.h"
+#include "mlakv/file_io.h"
 #include "mlakv/kv_b_proj.h"
 #include "mlakv/numerics.h"
 #include "model/model_impl.h"
@@ -163,7 +163,7 @@ StatusOr<std::unique_ptr<Model>> Model::load(const std::string& dir, const Model
   if (!std::filesystem::is_directory(dir, ec))
     return not_found(fmt::format("model directory '{}' does not exist or is not a directory", dir));
   const std::string cfg_path = (std::filesystem::path(dir) / "config.json").string();
-  MLAKV_ASSIGN_OR_RETURN(std::vector<uint8_t> cfg_bytes, io::read_file(cfg_path));
+  MLAKV_ASSIGN_OR_RETURN(std::vector<uint8_t> cfg_bytes, io::read_file(cfg_path, io::kMaxConfigBytes));
   const std::string_view cfg_text(reinterpret_cast<const char*>(cfg_bytes.data()), cfg_bytes.size());
   auto impl = std::make_unique<Impl>();
   MLAKV_ASSIGN_OR_RETURN(impl->arch, parse_model_arch(cfg_text, cfg_path));

@@ -137,6 +137,11 @@ Status ModelConfig::validate() const {
   if (qk_rope_head_dim % 2 != 0) {
     return invalid_argument(fmt::format("model {}: qk_rope_head_dim {} must be even", name, qk_rope_head_dim));
   }
+  // Bounded before cache_layers() adds them: each is accepted up to 2^30 by config.json.
+  if (num_layers > kMaxModelLayers || num_mtp_layers > kMaxModelLayers) {
+    return invalid_argument(fmt::format("model {}: num_hidden_layers {} and MTP layers {} must each be at most {}",
+                                        name, num_layers, num_mtp_layers, kMaxModelLayers));
+  }
   if (num_mtp_layers < 0 || q_lora_rank < 0 || indexer_layers < 0 || indexer_layers > cache_layers()) {
     return invalid_argument(fmt::format(
         "model {}: invalid counts (mtp {}, q_lora_rank {}, indexer layers {} of {} cache layers)", name,

@@ -4,7 +4,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <string>
+
+#include "core/checked_math.h"
 
 namespace mlakv {
 
@@ -43,17 +46,29 @@ StatusOr<PlanResult> plan_capacity(const ModelConfig& m, const PlanParams& p) {
 
   PlanResult r;
   r.record_bytes = record_bytes(p.format, m.kv_lora_rank, m.qk_rope_head_dim);
+  if (r.record_bytes < 0 && p.format == KvFormat::kBf16) {
+    return invalid_argument(fmt::format("model {}: a bf16 record of kv_lora_rank {} + qk_rope_head_dim {} overflows",
+                                        m.name, m.kv_lora_rank, m.qk_rope_head_dim));
+  }
   if (r.record_bytes < 0) {
     return invalid_argument(fmt::format(
         "format {} needs kv_lora_rank 512 and qk_rope_head_dim 64; model {} has {} and {} (use bf16)",
         format_name(p.format), m.name, m.kv_lora_rank, m.qk_rope_head_dim));
   }
-  r.cache_layers = p.include_mtp ? m.cache_layers() : m.num_layers;
+  r.cache_layers = static_cast<int>(p.include_mtp ? m.cache_layers() : m.num_layers);  // validate() bounds it
   // An MTP layer keeps its own indexer cache (the indexer count includes it).
   r.indexer_layers = p.include_mtp ? m.indexer_layers : std::max(0, m.indexer_layers - m.num_mtp_layers);
   r.indexer_bytes_per_token = static_cast<int64_t>(r.indexer_layers) * layout::indexer::kRecordBytes;
-  r.bytes_per_token = static_cast<int64_t>(r.cache_layers) * r.record_bytes + r.indexer_bytes_per_token;
-  r.block_bytes = r.bytes_per_token * p.block_size;
+  const std::optional<int64_t> layer_bytes = checked::mul<int64_t>(r.cache_layers, r.record_bytes);
+  const std::optional<int64_t> per_token =
+      layer_bytes ? checked::add<int64_t>(*layer_bytes, r.indexer_bytes_per_token) : std::nullopt;
+  const std::optional<int64_t> block = per_token ? checked::mul<int64_t>(*per_token, p.block_size) : std::nullopt;
+  if (!block) {
+    return invalid_argument(fmt::format("model {}: {} layers x {} B per record x block-size {} overflows 64 bits",
+                                        m.name, r.cache_layers, r.record_bytes, p.block_size));
+  }
+  r.bytes_per_token = *per_token;
+  r.block_bytes = *block;
   r.weight_gib_per_gpu = p.weight_gib / p.tp;
   r.reserved_gib_per_gpu = r.weight_gib_per_gpu + p.reserved_gib;
   r.kv_gib_per_gpu = p.gpu_mem_gib * p.mem_util - r.reserved_gib_per_gpu;
@@ -67,20 +82,29 @@ StatusOr<PlanResult> plan_capacity(const ModelConfig& m, const PlanParams& p) {
         p.gpu_mem_gib, p.mem_util, p.gpu_mem_gib * p.mem_util, weights));
   }
   const double kv_bytes = r.kv_gib_per_gpu * 1024.0 * 1024.0 * 1024.0;
-  r.blocks_per_gpu = static_cast<int64_t>(std::floor(kv_bytes / static_cast<double>(r.block_bytes)));
-  r.tokens_per_gpu = r.blocks_per_gpu * p.block_size;
+  // double -> int64 only when it fits (--gpu-mem 1e20 would be undefined behaviour).
+  const std::optional<int64_t> blocks = checked::floor_to_int64(kv_bytes / static_cast<double>(r.block_bytes), 0);
   r.replicas = p.gpus / p.tp;
-  r.tokens_per_replica = r.tokens_per_gpu * p.dcp;
+  const std::optional<int64_t> tokens = blocks ? checked::mul<int64_t>(*blocks, p.block_size) : std::nullopt;
+  const std::optional<int64_t> per_replica = tokens ? checked::mul<int64_t>(*tokens, p.dcp) : std::nullopt;
+  const std::optional<int64_t> total = per_replica ? checked::mul<int64_t>(*per_replica, r.replicas) : std::nullopt;
+  if (!total) {
+    return invalid_argument(fmt::format("{:.6g} GiB per GPU x {} GPUs: the token counts overflow 64 bits",
+                                        r.kv_gib_per_gpu, p.gpus));
+  }
+  r.blocks_per_gpu = *blocks;
+  r.tokens_per_gpu = *tokens;
+  r.tokens_per_replica = *per_replica;
+  r.total_tokens = *total;
   r.pool_request_tokens = r.tokens_per_replica;
   r.max_model_len = p.max_model_len > 0 ? p.max_model_len : m.max_position_embeddings;
   r.max_request_tokens =
       r.max_model_len > 0 ? std::min<int64_t>(r.pool_request_tokens, r.max_model_len) : r.pool_request_tokens;
-  r.total_tokens = r.tokens_per_replica * r.replicas;
   r.concurrency_tokens = r.max_model_len > 0 ? r.max_model_len : r.pool_request_tokens;
   if (r.concurrency_tokens > 0) {
     const int64_t per_rank = (r.concurrency_tokens + p.dcp - 1) / p.dcp;
-    const int64_t blocks = (per_rank + p.block_size - 1) / p.block_size;
-    r.max_concurrency = static_cast<double>(r.blocks_per_gpu) / static_cast<double>(blocks);
+    const int64_t need_blocks = (per_rank + p.block_size - 1) / p.block_size;
+    r.max_concurrency = static_cast<double>(r.blocks_per_gpu) / static_cast<double>(need_blocks);
   }
   return r;
 }

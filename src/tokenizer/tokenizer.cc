@@ -8,7 +8,11 @@
 #include <cstring>
 #include <filesystem>
 
+#include <unistd.h>
+
 #include <fmt/format.h>
+
+#include "mlakv/file_io.h"
 
 #include "tokenizer/byte_level.h"
 #include "tokenizer/tokenizer_impl.h"
@@ -25,10 +29,14 @@ namespace {
 StatusOr<std::string> read_bounded(const std::string& path, uint64_t limit, std::string_view what) {
   std::error_code ec;
   if (fs::is_directory(path, ec)) return invalid_argument(fmt::format("{}: is a directory, expected {}", path, what));
-  std::FILE* f = std::fopen(path.c_str(), "rb");
+  // Non-blocking open + fstat first (mlakv/file_io.h): a FIFO or device is refused
+  // instead of hanging or reading forever.
+  MLAKV_ASSIGN_OR_RETURN(io::OpenedFile opened, io::open_regular_file(path));
+  std::FILE* f = ::fdopen(opened.fd, "rb");
   if (f == nullptr) {
-    if (errno == ENOENT) return not_found(fmt::format("{}: no such file", path));
-    return io_error(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
+    const int err = errno;
+    ::close(opened.fd);
+    return io_error(fmt::format("{}: cannot open: {}", path, std::strerror(err)));
   }
   std::string data;
   char buf[1 << 16];

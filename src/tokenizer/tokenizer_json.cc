@@ -9,6 +9,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "core/untrusted_json.h"
+#include "mlakv/untrusted.h"
 #include "tokenizer/byte_level.h"
 #include "tokenizer/tokenizer_impl.h"
 #include "tokenizer/utf8.h"
@@ -26,61 +28,15 @@ using tok::SplitBehavior;
 // tokenizer.json nests at most ~8 deep (post_processor Sequence -> TemplateProcessing ->
 // single -> piece -> SpecialToken); anything far deeper is refused before parsing, so a
 // nesting bomb cannot exhaust the stack of any recursive walk.
-constexpr int kMaxJsonNesting = 32;
+constexpr int kMaxJsonNesting = json_util::kMaxJsonDepth;  // the one limit (docs/security.md)
 
-std::string shown(std::string_view s) {
-  constexpr std::size_t kMax = 80;
-  std::string out;
-  const std::size_t n = std::min(s.size(), kMax);
-  for (std::size_t i = 0; i < n; ++i) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    if (c < 0x20 || c == 0x7F) {
-      out += fmt::format("\\x{:02x}", c);
-    } else {
-      out.push_back(static_cast<char>(c));
-    }
-  }
-  // Cut back to a character boundary so the message stays valid UTF-8.
-  if (n < s.size()) {
-    while (!out.empty() && tok::first_invalid_utf8(out) != tok::kValidUtf8) out.pop_back();
-    out += fmt::format("... ({} bytes)", s.size());
-  }
-  return "'" + out + "'";
-}
-
-int json_nesting(std::string_view text, int limit) {
-  int depth = 0;
-  int deepest = 0;
-  bool in_string = false;
-  bool escaped = false;
-  for (char c : text) {
-    if (in_string) {
-      if (escaped) {
-        escaped = false;
-      } else if (c == '\\') {
-        escaped = true;
-      } else if (c == '"') {
-        in_string = false;
-      }
-      continue;
-    }
-    if (c == '"') {
-      in_string = true;
-    } else if (c == '{' || c == '[') {
-      deepest = std::max(deepest, ++depth);
-      if (deepest > limit) break;
-    } else if (c == '}' || c == ']') {
-      --depth;
-    }
-  }
-  return deepest;
-}
+std::string shown(std::string_view s) { return quote_untrusted(s, 80); }
 
 StatusOr<json> parse_json(std::string_view text, std::string_view source) {
   if (text.size() > kMaxTokenizerJsonBytes) {
     return data_loss(fmt::format("{}: {} bytes is over the {} byte limit", source, text.size(), kMaxTokenizerJsonBytes));
   }
-  if (json_nesting(text, kMaxJsonNesting) > kMaxJsonNesting) {
+  if (json_util::nesting_depth(text, kMaxJsonNesting) > kMaxJsonNesting) {
     return data_loss(fmt::format("{}: JSON nests deeper than {} levels", source, kMaxJsonNesting));
   }
   // Duplicate keys in any object (a vocab listing one token twice would otherwise keep

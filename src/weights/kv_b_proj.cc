@@ -41,13 +41,18 @@
 #include <cctype>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "core/checked_math.h"
+#include "core/untrusted_json.h"
 #include "format/load_float.h"
 #include "io/config_json.h"
+#include "mlakv/file_io.h"
 #include "mlakv/numerics.h"
+#include "mlakv/untrusted.h"
 
 namespace mlakv {
 namespace {
@@ -76,6 +81,7 @@ inline float load_float(const TensorView& t, int64_t i) { return load_as_f32(t.d
 
 // ---- output sinks: one instantiation per output dtype, no per-element dispatch -------
 struct F32Sink {
+  static constexpr bool kValidateOnly = false;
   float* p;
   int64_t ld;
   bool nonfinite = false;
@@ -87,6 +93,7 @@ struct F32Sink {
 };
 
 struct Bf16Sink {
+  static constexpr bool kValidateOnly = false;
   uint16_t* p;
   int64_t ld;
   bool nonfinite = false;
@@ -96,6 +103,14 @@ struct Bf16Sink {
     nonfinite |= (b & 0x7F80u) == 0x7F80u;
   }
   float get(int64_t n, int64_t k) const { return bf16_to_f32(p[n * ld + k]); }
+};
+
+// No output: the decoders stop after their checks (check_weight_storage).
+struct CheckOnlySink {
+  static constexpr bool kValidateOnly = true;
+  bool nonfinite = false;
+  void put(int64_t, int64_t, float) {}
+  float get(int64_t, int64_t) const { return 0.0f; }
 };
 
 // ---- tensor lookup and validation -------------------------------------------------------
@@ -109,7 +124,7 @@ std::string normalize_prefix(std::string_view prefix) {
 std::string names_under(const TensorSource& src, const std::string& prefix) {
   std::vector<std::string> found;
   for (const std::string& n : src.names()) {
-    if (n.size() >= prefix.size() && n.compare(0, prefix.size(), prefix) == 0) found.push_back(n);
+    if (n.size() >= prefix.size() && n.compare(0, prefix.size(), prefix) == 0) found.push_back(escape_untrusted(n));
   }
   if (found.empty()) return "none";
   constexpr std::size_t kMax = 24;
@@ -193,6 +208,7 @@ Status decode_dense(const Layer& l, int64_t N, int64_t K, Sink& out) {
   MLAKV_ASSIGN_OR_RETURN(const TensorView w, l.need("weight"));
   MLAKV_RETURN_IF_ERROR(check_tensor(
       w, l.name("weight"), {{DType::kBF16, DType::kF16, DType::kF32}, {N, K}, Strides::kContiguous}, Device::cpu()));
+  if constexpr (Sink::kValidateOnly) return Status::Ok();
   const auto* b = w.ptr<const uint8_t>();
   for (int64_t n = 0; n < N; ++n) {
     const int64_t row = n * K;
@@ -217,7 +233,9 @@ Status decode_fp8_block(const Layer& l, int64_t N, int64_t K, const WeightQuantO
   if (bn <= 0 || bk <= 0) {
     return invalid_argument(fmt::format("fp8 block shape [{}, {}]: both extents must be positive", bn, bk));
   }
-  const int64_t sr = (N + bn - 1) / bn, sc = (K + bk - 1) / bk;
+  // ceil(N / bn) without forming N + bn - 1, which wraps for a block of 2^63 - 1 and
+  // would make a 0-row scale grid pass the shape check.
+  const int64_t sr = *checked::ceil_div(N, bn), sc = *checked::ceil_div(K, bk);
   MLAKV_ASSIGN_OR_RETURN(const TensorView w, l.need("weight"));
   MLAKV_ASSIGN_OR_RETURN(const TensorView s, l.need("weight_scale_inv"));
   MLAKV_RETURN_IF_ERROR(
@@ -225,6 +243,7 @@ Status decode_fp8_block(const Layer& l, int64_t N, int64_t K, const WeightQuantO
   MLAKV_RETURN_IF_ERROR(check_tensor(s, l.name("weight_scale_inv"),
                                      {{DType::kF32, DType::kBF16}, {sr, sc}, Strides::kContiguous}, Device::cpu()));
   MLAKV_RETURN_IF_ERROR(check_finite_scales(s, l.name("weight_scale_inv")));
+  if constexpr (Sink::kValidateOnly) return Status::Ok();
 
   const std::array<float, 256> lut = e4m3_table();
   const auto* q = w.ptr<const uint8_t>();
@@ -259,6 +278,7 @@ Status decode_nvfp4(const Layer& l, int64_t N, int64_t K, Sink& out) {
       check_tensor(s, l.name("weight_scale"), {{DType::kF8E4M3}, {N, groups}, Strides::kContiguous}, Device::cpu()));
   MLAKV_RETURN_IF_ERROR(check_e4m3_scales(s, l.name("weight_scale")));
   MLAKV_ASSIGN_OR_RETURN(const float tensor_scale, positive_scalar(g, l.name(tensor_scale_name)));
+  if constexpr (Sink::kValidateOnly) return Status::Ok();
 
   const std::array<float, 256> e4m3 = e4m3_table();
   std::array<float, 16> e2m1{};
@@ -299,7 +319,7 @@ StatusOr<int64_t> resolve_group_size(const WeightQuantOptions& opt, int64_t K, i
     return K;
   }
   if (opt.group_size > 0) {
-    const int64_t want = (K + opt.group_size - 1) / opt.group_size;
+    const int64_t want = *checked::ceil_div(K, opt.group_size);
     if (rows != want) {
       return invalid_argument(fmt::format("{}: group_size {} over K = {} expects shape [{}, {}], got {}", scales_name,
                                           opt.group_size, K, want, N, scales.shape_string()));
@@ -410,6 +430,7 @@ Status decode_gptq(const Layer& l, int64_t N, int64_t K, const WeightQuantOption
   const int32_t zero_offset = opt.gptq_format == GptqFormat::kV1 ? 1 : 0;
   MLAKV_ASSIGN_OR_RETURN(const Int4Groups grp,
                          load_int4_groups(l, N, K, opt, zero_offset, /*use_g_idx=*/true, [](int i) { return i; }));
+  if constexpr (Sink::kValidateOnly) return Status::Ok();
   const auto* qw = w.ptr<const uint8_t>();
   // n outer: the K/8 words of column n sit N apart, and the next n reuses their lines.
   for (int64_t n = 0; n < N; ++n) {
@@ -436,6 +457,7 @@ Status decode_awq(const Layer& l, int64_t N, int64_t K, const WeightQuantOptions
   MLAKV_ASSIGN_OR_RETURN(const Int4Groups grp,
                          load_int4_groups(l, N, K, opt, /*zero_offset=*/0, /*use_g_idx=*/false,
                                           [](int i) { return kAwqOrder[static_cast<std::size_t>(i)]; }));
+  if constexpr (Sink::kValidateOnly) return Status::Ok();
   std::array<int, 8> nibble_of_column{};
   for (int i = 0; i < 8; ++i) nibble_of_column[static_cast<std::size_t>(kAwqOrder[static_cast<std::size_t>(i)])] = i;
   const auto* qw = w.ptr<const uint8_t>();
@@ -487,7 +509,8 @@ StatusOr<std::optional<int64_t>> json_int(const json& j, const char* key) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return std::optional<int64_t>();
   if (!it->is_number_integer()) {
-    return invalid_argument(fmt::format("quantization_config.{}: expected an integer, got {}", key, it->dump()));
+    return invalid_argument(
+        fmt::format("quantization_config.{}: expected an integer, got {}", key, json_util::shown(*it)));
   }
   return std::optional<int64_t>(it->get<int64_t>());
 }
@@ -496,7 +519,8 @@ StatusOr<std::optional<std::string>> json_string(const json& j, const char* key)
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return std::optional<std::string>();
   if (!it->is_string()) {
-    return invalid_argument(fmt::format("quantization_config.{}: expected a string, got {}", key, it->dump()));
+    return invalid_argument(
+        fmt::format("quantization_config.{}: expected a string, got {}", key, json_util::shown(*it)));
   }
   std::string s = it->get<std::string>();
   for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
@@ -516,7 +540,12 @@ Status read_int4_fields(const json& q, std::initializer_list<const char*> bits_k
                         std::initializer_list<const char*> group_keys, WeightQuantOptions& opt) {
   MLAKV_ASSIGN_OR_RETURN(std::optional<int64_t> bits, json_int_any(q, bits_keys));
   MLAKV_ASSIGN_OR_RETURN(std::optional<int64_t> group, json_int_any(q, group_keys));
-  if (bits) opt.bits = static_cast<int>(*bits);
+  if (bits) {
+    if (*bits < 1 || *bits > 64) {
+      return invalid_argument(fmt::format("quantization_config: bits {} is outside [1, 64]", *bits));
+    }
+    opt.bits = static_cast<int>(*bits);
+  }
   if (group) opt.group_size = *group <= 0 ? -1 : *group;
   return Status::Ok();
 }
@@ -535,11 +564,15 @@ std::string_view weight_encoding_name(WeightEncoding e) {
   return "?";
 }
 
-StatusOr<WeightQuantOptions> parse_weight_quant_options(std::string_view quantization_config_json) {
-  json j = json::parse(quantization_config_json.begin(), quantization_config_json.end(), nullptr,
-                       /*allow_exceptions=*/false);
-  if (j.is_discarded()) return invalid_argument("quantization_config: not valid JSON");
-  if (j.is_object() && j.contains("quantization_config")) j = j["quantization_config"];
+namespace {
+StatusOr<WeightQuantOptions> parse_quant_options(std::string_view quantization_config_json) {
+  json_util::ParseOptions po;
+  po.require_object = false;
+  MLAKV_ASSIGN_OR_RETURN(json j, json_util::parse(quantization_config_json, "quantization_config", po));
+  if (j.is_object() && j.contains("quantization_config")) {
+    json inner = std::move(j["quantization_config"]);
+    j = std::move(inner);
+  }
   if (j.is_null()) return WeightQuantOptions{};  // "quantization_config": null: not quantized
   if (!j.is_object()) return invalid_argument("quantization_config: expected a JSON object");
 
@@ -549,10 +582,13 @@ StatusOr<WeightQuantOptions> parse_weight_quant_options(std::string_view quantiz
   if (*method == "fp8") {
     auto it = j.find("weight_block_size");
     if (it != j.end() && !it->is_null()) {
-      if (!it->is_array() || it->size() != 2 || !(*it)[0].is_number_integer() || !(*it)[1].is_number_integer() ||
-          (*it)[0].get<int64_t>() <= 0 || (*it)[1].get<int64_t>() <= 0) {
+      auto extent_ok = [](const json& v) {
+        return v.is_number_integer() && v.get<int64_t>() > 0 && v.get<int64_t>() <= kMaxFp8BlockExtent;
+      };
+      if (!it->is_array() || it->size() != 2 || !extent_ok((*it)[0]) || !extent_ok((*it)[1])) {
         return invalid_argument(
-            fmt::format("quantization_config.weight_block_size: expected two positive integers, got {}", it->dump()));
+            fmt::format("quantization_config.weight_block_size: expected two integers in [1, {}], got {}",
+                        kMaxFp8BlockExtent, json_util::shown(*it)));
       }
       opt.fp8_block_rows = (*it)[0].get<int64_t>();
       opt.fp8_block_cols = (*it)[1].get<int64_t>();
@@ -569,31 +605,50 @@ StatusOr<WeightQuantOptions> parse_weight_quant_options(std::string_view quantiz
       opt.gptq_format = GptqFormat::kV2;
     } else {
       return unimplemented(fmt::format(
-          "quantization_config.checkpoint_format '{}': only \"gptq\" (v1) and \"gptq_v2\" are supported", *fmt_name));
+          "quantization_config.checkpoint_format {}: only \"gptq\" (v1) and \"gptq_v2\" are supported",
+          quote_untrusted(*fmt_name)));
     }
   } else if (*method == "awq") {
     MLAKV_RETURN_IF_ERROR(read_int4_fields(j, {"bits", "w_bit"}, {"group_size", "q_group_size"}, opt));
     MLAKV_ASSIGN_OR_RETURN(std::optional<std::string> version, json_string(j, "version"));
     if (version && *version != "gemm") {
       return unimplemented(fmt::format(
-          "quantization_config.version '{}': only AWQ GEMM packing (qweight [K, N/8]) is supported", *version));
+          "quantization_config.version {}: only AWQ GEMM packing (qweight [K, N/8]) is supported",
+          quote_untrusted(*version)));
     }
   } else if (*method != "modelopt" && *method != "compressed-tensors") {
     return unimplemented(fmt::format(
-        "quantization_config.quant_method '{}': supported are fp8, gptq, awq, modelopt, compressed-tensors", *method));
+        "quantization_config.quant_method {}: supported are fp8, gptq, awq, modelopt, compressed-tensors",
+        quote_untrusted(*method)));
   }
   return opt;
 }
+}  // namespace
+
+StatusOr<WeightQuantOptions> parse_weight_quant_options(std::string_view quantization_config_json) {
+  try {
+    return parse_quant_options(quantization_config_json);
+  } catch (const std::exception& e) {  // allocation or a library invariant: never across the API
+    return internal_error(fmt::format("quantization_config: reading it failed: {}", e.what()));
+  }
+}
+
+StatusOr<WeightQuantOptions> load_weight_quant_options(const std::string& path) {
+  return load_checkpoint_quant_options(path);
+}
 
 StatusOr<WeightQuantOptions> parse_checkpoint_quant_options(std::string_view config_json, std::string_view source) {
-  const json j = json::parse(config_json.begin(), config_json.end(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return invalid_argument(fmt::format("{}: not valid JSON", source));
-  if (!j.is_object()) return invalid_argument(fmt::format("{}: expected a JSON object (a config.json)", source));
-  const auto it = j.find("quantization_config");
-  if (it == j.end() || it->is_null()) return WeightQuantOptions{};
-  StatusOr<WeightQuantOptions> q = parse_weight_quant_options(it->dump());
-  if (!q.ok()) return q.status().with_context(source);
-  return q;
+  try {
+    // The nesting-limited parser of untrusted JSON (docs/security.md); a config.json is an object.
+    MLAKV_ASSIGN_OR_RETURN(const json j, json_util::parse(config_json, source));
+    const auto it = j.find("quantization_config");
+    if (it == j.end() || it->is_null()) return WeightQuantOptions{};
+    StatusOr<WeightQuantOptions> q = parse_weight_quant_options(it->dump());
+    if (!q.ok()) return q.status().with_context(source);
+    return q;
+  } catch (const std::exception& e) {
+    return internal_error(fmt::format("{}: reading quantization_config failed: {}", source, e.what()));
+  }
 }
 
 StatusOr<WeightQuantOptions> load_checkpoint_quant_options(const std::string& path) {
@@ -667,8 +722,31 @@ Status dequantize_weight(const TensorSource& src, std::string_view prefix, int64
     MLAKV_ASSIGN_OR_RETURN(enc, detect_weight_encoding(src, prefix));
   }
   const Layer layer{src, normalize_prefix(prefix), enc};
-  if (out.dtype == DType::kF32) return run(layer, N, K, opt, F32Sink{out.ptr<float>(), K});
-  return run(layer, N, K, opt, Bf16Sink{out.ptr<uint16_t>(), K});
+  try {
+    if (out.dtype == DType::kF32) return run(layer, N, K, opt, F32Sink{out.ptr<float>(), K});
+    return run(layer, N, K, opt, Bf16Sink{out.ptr<uint16_t>(), K});
+  } catch (const std::bad_alloc&) {  // the GPTQ / AWQ group tables
+    return resource_exhausted(fmt::format("{}: out of memory dequantizing [{}, {}]", layer.prefix, N, K));
+  }
+}
+
+Status check_weight_storage(const TensorSource& src, std::string_view prefix, int64_t N, int64_t K,
+                            const WeightQuantOptions& opt) {
+  if (N <= 0 || K <= 0) {
+    return invalid_argument(fmt::format("N = {}, K = {}: both must be positive", N, K));
+  }
+  WeightEncoding enc;
+  if (opt.encoding) {
+    enc = *opt.encoding;
+  } else {
+    MLAKV_ASSIGN_OR_RETURN(enc, detect_weight_encoding(src, prefix));
+  }
+  const Layer layer{src, normalize_prefix(prefix), enc};
+  try {
+    return run(layer, N, K, opt, CheckOnlySink{});
+  } catch (const std::bad_alloc&) {
+    return resource_exhausted(fmt::format("{}: out of memory checking [{}, {}]", layer.prefix, N, K));
+  }
 }
 
 Status dequantize_kv_b_proj(const TensorSource& src, std::string_view prefix, const MlaGeometry& geo,
@@ -677,6 +755,11 @@ Status dequantize_kv_b_proj(const TensorSource& src, std::string_view prefix, co
     return invalid_argument(fmt::format(
         "kv_b_proj geometry: num_heads {}, qk_nope_head_dim {}, v_head_dim {}, kv_lora_rank {} must all be positive",
         geo.num_heads, geo.qk_nope_head_dim, geo.v_head_dim, geo.kv_lora_rank));
+  }
+  const std::optional<int64_t> pv = checked::add<int64_t>(geo.qk_nope_head_dim, geo.v_head_dim);
+  if (!pv || !checked::product({int64_t{geo.num_heads}, *pv, int64_t{geo.kv_lora_rank}})) {
+    return invalid_argument(fmt::format("kv_b_proj geometry: {} heads x ({} + {}) x {} overflows 64 bits", geo.num_heads,
+                                        geo.qk_nope_head_dim, geo.v_head_dim, geo.kv_lora_rank));
   }
   const int64_t N = geo.kv_b_rows(), K = geo.kv_lora_rank;
   if (out.ndim != 3) return dequantize_weight(src, prefix, N, K, opt, out);
