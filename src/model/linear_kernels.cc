@@ -32,17 +32,6 @@ struct F16 {
   uint16_t bits;
 };
 
-HWY_INLINE float F16ToF32(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
-  if (e == 0x1Fu) return f32_from_bits(sign | 0x7F800000u | (m << 13));  // Inf / NaN
-  if (e == 0) {
-    const float v = static_cast<float>(m) * 5.9604644775390625e-8f;  // m * 2^-24, exact
-    return sign ? -v : v;
-  }
-  return f32_from_bits(sign | ((e - 15u + 127u) << 23) | (m << 13));
-}
-
 // N consecutive weights widened to float.
 template <class WT>
 HWY_INLINE hn::Vec<DF> LoadW(DF d, const WT* p) {
@@ -65,7 +54,7 @@ HWY_INLINE float Scalar(const WT* p) {
   } else if constexpr (std::is_same_v<WT, uint16_t>) {
     return bf16_to_f32(*p);
   } else {
-    return F16ToF32(p->bits);
+    return f16_to_f32(p->bits);
   }
 }
 
@@ -220,7 +209,7 @@ float WeightMatrix::at(int64_t r, int64_t c) const {
   switch (dtype) {
     case DType::kF32: return static_cast<const float*>(data)[i];
     case DType::kBF16: return bf16_to_f32(static_cast<const uint16_t*>(data)[i]);
-    default: return HWY_STATIC_DISPATCH(F16ToF32)(static_cast<const uint16_t*>(data)[i]);
+    default: return f16_to_f32(static_cast<const uint16_t*>(data)[i]);
   }
 }
 
