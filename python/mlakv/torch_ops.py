@@ -42,6 +42,46 @@ if available:
         return None
 
 
+# The ops report bad arguments by throwing from inside the dispatcher, which the stable ABI
+# does not carry back to Python reliably: the wrappers below check every argument first and
+# raise ValueError naming it, so the ops only ever see valid calls (docs/python.md).
+_LATENT, _ROPE = _core.LATENT_DIM, _core.ROPE_DIM
+
+
+def _check(t, name, dtypes, shape, device):
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        raise ValueError(f"{name}: dtype {t.dtype} (expected {' or '.join(str(d) for d in dtypes)})")
+    if t.dim() != len(shape) or any(e is not None and t.shape[i] != e for i, e in enumerate(shape)):
+        want = "[" + ", ".join("*" if e is None else str(e) for e in shape) + "]"
+        raise ValueError(f"{name}: shape {list(t.shape)} (expected {want})")
+    if t.dim() > 0 and t.shape[-1] > 1 and t.stride(-1) != 1:
+        raise ValueError(f"{name}: the last dimension must be contiguous (stride 1), got strides {t.stride()}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name}: on {t.device}, expected {device} (the cache's device)")
+
+
+def _check_cache(kv_cache, fmt):
+    rb = _core.record_bytes(fmt)
+    _check(kv_cache, "kv_cache", (torch.uint8,), (None, None, rb), None)
+    if not kv_cache.is_contiguous():
+        raise ValueError("kv_cache: must be contiguous [num_blocks, block_size, record_bytes]")
+    return kv_cache.device
+
+
+def _check_attention(q, out, lse, dev, softmax_scale, num_splits):
+    _check(q, "q", (torch.float32, torch.bfloat16), (None, None, None, _LATENT + _ROPE), dev)
+    B, S, H = q.shape[:3]
+    _check(out, "out", (torch.float32,), (B, S, H, _LATENT), dev)
+    _check(lse, "lse", (torch.float32,), (B, S, H), dev)
+    if not (float(softmax_scale) > 0 and float(softmax_scale) < float("inf")):
+        raise ValueError(f"softmax_scale: must be finite and > 0, got {softmax_scale}")
+    if int(num_splits) < 1:
+        raise ValueError(f"num_splits: must be >= 1, got {num_splits}")
+    return B, S
+
+
 def _format(name):
     if name not in FORMATS:
         raise ValueError(f"format: unknown record format {name!r} (one of {', '.join(FORMATS)})")
@@ -53,13 +93,26 @@ def write_cache(kv_cache, slot_mapping, latent, rope, *, format, outer_scale=1.0
     slot_mapping [n] int64 (-1 skipped), latent [n, 512], rope [n, 64]."""
     if fp8_scales not in ("pow2", "exact"):
         raise ValueError(f"fp8_scales: expected 'pow2' or 'exact', got {fp8_scales!r}")
-    torch.ops.mlakv.write_cache(kv_cache, slot_mapping, latent, rope, _format(format), float(outer_scale),
+    code = _format(format)
+    dev = _check_cache(kv_cache, format)
+    _check(slot_mapping, "slot_mapping", (torch.int64, torch.int32), (None,), dev)
+    n = slot_mapping.shape[0]
+    _check(latent, "latent", (torch.float32, torch.bfloat16), (n, _LATENT), dev)
+    _check(rope, "rope", (latent.dtype,), (n, _ROPE), dev)
+    torch.ops.mlakv.write_cache(kv_cache, slot_mapping, latent, rope, code, float(outer_scale),
                                 fp8_scales == "exact")
 
 
 def mla_decode(q, kv_cache, block_table, seqlens, out, lse, *, format, softmax_scale, outer_scale=1.0, causal=True,
                num_splits=1, workspace=None):
     """Dense MLA decode into out [B, s_q, H, 512] f32 and lse [B, s_q, H] f32 (see mlakv.mla_decode)."""
+    _format(format)
+    dev = _check_cache(kv_cache, format)
+    B, _ = _check_attention(q, out, lse, dev, softmax_scale, num_splits)
+    _check(block_table, "block_table", (torch.int32,), (B, None), dev)
+    _check(seqlens, "seqlens", (torch.int32,), (B,), dev)
+    if workspace is not None:
+        _check(workspace, "workspace", (torch.uint8,), (None,), dev)
     torch.ops.mlakv.mla_decode(q, kv_cache, block_table, seqlens, out, lse, _format(format), float(outer_scale),
                                float(softmax_scale), bool(causal), int(num_splits), workspace)
 
@@ -67,5 +120,13 @@ def mla_decode(q, kv_cache, block_table, seqlens, out, lse, *, format, softmax_s
 def mla_decode_sparse(q, kv_cache, indices, out, lse, *, format, softmax_scale, topk_length=None, outer_scale=1.0,
                       num_splits=1, workspace=None):
     """Sparse (DSA top-k) MLA decode: indices [B, s_q, topk] int32 slot ids, invalid ones skipped."""
+    _format(format)
+    dev = _check_cache(kv_cache, format)
+    B, S = _check_attention(q, out, lse, dev, softmax_scale, num_splits)
+    _check(indices, "indices", (torch.int32,), (B, S, None), dev)
+    if topk_length is not None:
+        _check(topk_length, "topk_length", (torch.int32,), (B,), dev)
+    if workspace is not None:
+        _check(workspace, "workspace", (torch.uint8,), (None,), dev)
     torch.ops.mlakv.mla_decode_sparse(q, kv_cache, indices, topk_length, out, lse, _format(format),
                                       float(outer_scale), float(softmax_scale), int(num_splits), workspace)

@@ -59,12 +59,22 @@ def test_bad_arguments_raise():
     kv, slots, lat, rope, q, table, seqlens = _case("cpu", "fp8_ds_mla")
     with pytest.raises(ValueError):
         ops.write_cache(kv, slots, lat, rope, format="fp9")
-    with pytest.raises(RuntimeError, match="latent"):
+    with pytest.raises(ValueError, match="latent"):
         ops.write_cache(kv, slots, lat[:, :500], rope, format="fp8_ds_mla")
+    with pytest.raises(ValueError, match="kv_cache"):
+        ops.write_cache(kv[:, :, :655], slots, lat, rope, format="fp8_ds_mla")
+    with pytest.raises(ValueError, match="slot_mapping"):
+        ops.write_cache(kv, slots.float(), lat, rope, format="fp8_ds_mla")
     out = torch.empty(1, 1, 16, 511)
     lse = torch.empty(1, 1, 16)
-    with pytest.raises(RuntimeError, match="out"):
+    with pytest.raises(ValueError, match="out"):
         ops.mla_decode(q, kv, table, seqlens, out, lse, format="fp8_ds_mla", softmax_scale=0.1)
+    with pytest.raises(ValueError, match="seqlens"):
+        ops.mla_decode(q, kv, table, seqlens.long(), torch.empty(1, 1, 16, 512), lse, format="fp8_ds_mla",
+                       softmax_scale=0.1)
+    with pytest.raises(ValueError, match="softmax_scale"):
+        ops.mla_decode(q, kv, table, seqlens, torch.empty(1, 1, 16, 512), lse, format="fp8_ds_mla",
+                       softmax_scale=-1.0)
 
 
 @needs_ops
