@@ -15,6 +15,7 @@
 #include "cli/cli.h"
 #include "cli/progress.h"
 #include "mlakv/codec.h"
+#include "mlakv/eval_stats.h"
 #include "mlakv/synthetic.h"
 #include "mlakv/attention.h"
 #include "mlakv/model_config.h"
@@ -228,19 +229,12 @@ Status run_demo(const DemoArgs& a) {
     r.step_ms = t * 1e3;
     r.tokens_per_s = static_cast<double>(T) / t;
     r.cache_gbps = static_cast<double>(T) * r.record_bytes / t * 1e-9;
-    double num = 0, den = 0, dot = 0, n1 = 0, n2 = 0;
-    for (std::size_t i = 0; i < out.size(); ++i) {
-      const double d = static_cast<double>(out[i]) - ref_o[i];
-      num += d * d;
-      den += static_cast<double>(ref_o[i]) * ref_o[i];
-      dot += static_cast<double>(out[i]) * ref_o[i];
-      n1 += static_cast<double>(out[i]) * out[i];
-    }
-    n2 = den;
-    r.rel_l2 = std::sqrt(num / den);
-    r.cosine = dot / std::sqrt(n1 * n2);
-    r.lse_max_err = 0;
-    for (std::size_t h = 0; h < lse.size(); ++h) r.lse_max_err = std::max(r.lse_max_err, std::fabs(static_cast<double>(lse[h]) - ref_lse[h]));
+    ErrorStats out_err, lse_err;  // the eval room's accumulators (include/mlakv/eval_stats.h)
+    MLAKV_RETURN_IF_ERROR(out_err.notify(ref_o, out));
+    for (std::size_t h = 0; h < lse.size(); ++h) lse_err.notify(ref_lse[h], lse[h]);
+    r.rel_l2 = out_err.rel_l2();
+    r.cosine = out_err.cosine();
+    r.lse_max_err = lse_err.max_abs();
     // Needle rank for head 0: tokens whose decoded score beats the needle's.
     std::vector<double> score(static_cast<std::size_t>(T));
     std::vector<float> dec_lat(static_cast<std::size_t>(T) * kLatentDim), dec_rope(static_cast<std::size_t>(T) * kRopeDim);

@@ -16,7 +16,6 @@ namespace mlakv::codec {
 
 // Transitional: src/cuda/cache_writer.cu still casts to this name; it goes once the CUDA
 // tree uses Fp8ScaleMode (mlakv/codec.h, the one fp8 scale-mode enum) directly.
-using Fp8Scales [[deprecated("use mlakv::Fp8ScaleMode")]] = Fp8ScaleMode;
 
 // ---- small helpers -------------------------------------------------------------
 MLAKV_HD float fabs_f(float x) { return f32_from_bits(f32_bits(x) & 0x7FFFFFFFu); }

@@ -61,7 +61,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) write_cache_kernel(Writer
       amax = fmaxf(amax, fabsf(x[i]));
     }
     amax = warp_max(amax, kLanesPerTile);
-    const float s = codec::fp8_tile_scale(amax, static_cast<codec::Fp8Scales>(p.fp8_mode));
+    const float s = codec::fp8_tile_scale(amax, p.fp8_mode);
     uint32_t w[4];
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
