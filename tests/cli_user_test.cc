@@ -9,6 +9,7 @@
 #include <map>
 #include <vector>
 
+#include "mlakv/cache.h"
 #include "mlakv/numerics.h"
 #include "mlakv/safetensors.h"
 #include "support/cli_run.h"
@@ -303,9 +304,10 @@ TEST_F(CliUser, CodecStatsPerPart) {
   CliRun r = run("codec stats --format all --in " + path("in.f32") + " --json");
   ASSERT_EQ(r.rc, 0) << r.err;
   Json j = json_of(r);
-  ASSERT_EQ(j["formats"].size(), 4u);
+  ASSERT_EQ(j["formats"].size(), 5u);
   std::map<std::string, Json> by;
   for (const Json& f : j["formats"]) by[f["format"].get<std::string>()] = f;
+  EXPECT_EQ(by["f32"]["latent"]["rel_l2"].get<double>(), 0.0);
   EXPECT_EQ(by["bf16"]["latent"]["rel_l2"].get<double>(), 0.0);
   EXPECT_EQ(by["bf16"]["scales"]["count"], 0);
   EXPECT_EQ(by["fp8_ds_mla"]["latent"]["rel_l2"].get<double>(), 0.0);
@@ -491,7 +493,7 @@ TEST_F(CliUser, DemoFiguresAreRightAndDiscriminate) {
     EXPECT_GE(f["needle_weight"].get<double>(), 0.0);
     EXPECT_LE(f["needle_weight"].get<double>(), 1.0);
   }
-  ASSERT_EQ(by.size(), 4u);
+  ASSERT_EQ(by.size(), 5u);
   // The query's RoPE part is live: fp8 RoPE changes the output (it was identical to 16 digits).
   EXPECT_NE(by["nvfp4_ds_mla"]["out_rel_l2"].get<double>(), by["nvfp4_ds_mla_fp8rope"]["out_rel_l2"].get<double>());
   // The needle's weight separates the formats: bf16 stays close to the reference, nvfp4 not.
@@ -534,7 +536,8 @@ TEST_F(CliUser, FormatsListTheIndexerRecordAndVllmNames) {
   std::map<std::string, std::string> want = {{"bf16", "auto"},
                                              {"fp8_ds_mla", "fp8_ds_mla"},
                                              {"nvfp4_ds_mla", "nvfp4_ds_mla"},
-                                             {"nvfp4_ds_mla_fp8rope", "nvfp4_ds_mla with KV_FP8_ROPE=1"}};
+                                             {"nvfp4_ds_mla_fp8rope", "nvfp4_ds_mla with KV_FP8_ROPE=1"},
+                                             {"f32", "none"}};
   for (const Json& f : j["formats"]) {
     const std::string v = f["vllm_kv_cache_dtype"].get<std::string>();
     EXPECT_EQ(v.rfind(want.at(f["name"].get<std::string>()), 0), 0u) << v;
@@ -592,6 +595,68 @@ TEST_F(CliUser, AbsorbTakesModelDetectsMissingMtpAndWritesNoAbsolutePath) {
   r = run("absorb --model " + ckpt + " --no-mtp --json");
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_EQ(json_of(r)["layers"], 2);
+}
+
+// ---- f32: the unquantized parity-check format ----------------------------------------------
+
+TEST_F(CliUser, F32CacheIsExactAndGivesTransformersParity) {
+  // Any float survives a round trip bit for bit (bf16 would round these).
+  std::vector<float> rows(2 * 576);
+  for (std::size_t i = 0; i < rows.size(); ++i) rows[i] = 1.0f / static_cast<float>(i + 3) - 0.1f;
+  spit(path("in.f32"), rows.data(), rows.size() * 4);
+  CliRun r = run("codec encode --format f32 --in " + path("in.f32") + " --out " + path("r.rec"));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(std::filesystem::file_size(path("r.rec")), 64u + 2 * 2304u);
+  r = run("codec decode --in " + path("r.rec") + " --out " + path("back.f32"));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const std::string back = slurp(path("back.f32"));
+  ASSERT_EQ(back.size(), rows.size() * 4);
+  EXPECT_EQ(std::memcmp(back.data(), rows.data(), back.size()), 0);
+
+  // layer-forward over an f32 cache is as close to transformers' float64 output as
+  // transformers' own float32 run (the fixture's e_ref); a bf16 cache is far from it.
+  const std::string src = std::string(MLAKV_TEST_DATA_DIR) + "/hf_parity/deepseek_v3";
+  const Json manifest = Json::parse(slurp(std::string(MLAKV_TEST_DATA_DIR) + "/hf_parity/manifest.json"));
+  double e_ref = -1;
+  for (const Json& m : manifest["results"]) {
+    if (m["name"] == "deepseek_v3") e_ref = m["e_ref"].get<double>();
+  }
+  ASSERT_GT(e_ref, 0);
+  auto io = SafetensorsFile::open(src + "/io.safetensors");
+  ASSERT_TRUE(io.ok());
+  const TensorView ref = *(*io)->find("output_f64");
+  auto max_err = [&](const std::string& format) {
+    const std::string out = path(("y_" + format + ".safetensors").c_str());
+    CliRun fr = run("layer-forward --model " + src + " --layer 0 --threads 1 --input " + src +
+                    "/io.safetensors --output " + out + " --format " + format);
+    EXPECT_EQ(fr.rc, 0) << fr.err;
+    auto y = SafetensorsFile::open(out);
+    if (!y.ok()) return 1e30;
+    const TensorView t = *(*y)->find("output");
+    double e = 0;
+    for (int64_t i = 0; i < ref.numel(); ++i) {
+      e = std::max(e, std::fabs(static_cast<double>(t.ptr<const float>()[i]) - ref.ptr<const double>()[i]));
+    }
+    return e;
+  };
+  const double e32 = max_err("f32"), e16 = max_err("bf16");
+  EXPECT_LE(e32, e_ref) << "f32 cache vs transformers float64";
+  EXPECT_GT(e16, 100 * e32);
+}
+
+TEST(F32Format, CudaViewsAreRefusedClearly) {
+  std::vector<uint8_t> bytes(2304 * 4);
+  CacheLayerView v;
+  v.data = bytes.data();
+  v.num_blocks = 1;
+  v.block_size = 4;
+  v.format = KvFormat::kF32;
+  v.record_bytes = 2304;
+  EXPECT_TRUE(check_cache_view(v, "cache").ok());  // CPU
+  v.device = Device::cuda(0);
+  const Status st = check_cache_view(v, "cache");
+  EXPECT_EQ(st.code(), StatusCode::kUnimplemented);
+  EXPECT_NE(st.message().find("CPU parity-check format"), std::string::npos) << st.message();
 }
 
 }  // namespace

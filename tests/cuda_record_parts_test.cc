@@ -31,6 +31,7 @@ std::vector<Span> parts() {
   return v;
 }
 
+// Every format with CUDA kernels (f32, the CPU-only parity format, has none).
 const KvFormat kAll[] = {KvFormat::kBf16, KvFormat::kFp8DsMla, KvFormat::kNvfp4DsMla, KvFormat::kNvfp4DsMlaFp8Rope};
 
 TEST(CudaRecordParts, EqualTheFormatsRegionTable) {
@@ -78,6 +79,7 @@ TEST(CudaDispatchFormat, EveryFormatReachesItsTagAndOthersTheFallback) {
   for (KvFormat f : kAll) {
     EXPECT_EQ(dispatch_format(f, -1, [](auto tag) { return static_cast<int>(decltype(tag)::value); }), static_cast<int>(f));
   }
+  EXPECT_EQ(dispatch_format(KvFormat::kF32, -1, [](auto) { return 0; }), -1);  // no CUDA kernels
   EXPECT_EQ(dispatch_format(static_cast<KvFormat>(kNumKvFormats), -1, [](auto) { return 0; }), -1);
   EXPECT_EQ(dispatch_format(static_cast<KvFormat>(255), -1, [](auto) { return 0; }), -1);
 }

@@ -236,6 +236,8 @@ void element_bounds(KvFormat f, float s_l, const Unquantized& u, int64_t N, std:
     const float* r = u.rope.data() + t * kRopeDim;
     double* ek = Ek.data() + t * kRopeDim;
     switch (f) {
+      case KvFormat::kF32:  // stores the values: exact
+        break;
       case KvFormat::kBf16:
         for (int d = 0; d < kLatentDim; ++d) ec[d] = kBf16 * std::fabs(x[d]);
         break;
@@ -280,7 +282,7 @@ void element_bounds(KvFormat f, float s_l, const Unquantized& u, int64_t N, std:
         const double v = std::fabs(r[d]);
         ek[d] = kE4m3 * v + rs * 0x1p-10 + std::max(0.0, v - 448 * rs) + 0x1p-21 * v;
       }
-    } else {
+    } else if (f != KvFormat::kF32) {
       for (int d = 0; d < kRopeDim; ++d) ek[d] = kBf16 * std::fabs(r[d]);
     }
   }
@@ -416,7 +418,8 @@ TEST_P(HfParity, CachedFormatsWithinDerivedBounds) {
     float s_l;
     const char* label;
   };
-  const Case cases[] = {{KvFormat::kBf16, 1.0f, "bf16"},
+  const Case cases[] = {{KvFormat::kF32, 1.0f, "f32"},
+                        {KvFormat::kBf16, 1.0f, "bf16"},
                         {KvFormat::kFp8DsMla, 1.0f, "fp8_ds_mla"},
                         {KvFormat::kNvfp4DsMla, 1.0f, "nvfp4_ds_mla"},
                         {KvFormat::kNvfp4DsMla, calibrated, "nvfp4_ds_mla+scale"},

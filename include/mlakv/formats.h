@@ -1,4 +1,4 @@
-// The four MLA KV record formats: one record = one token of one layer.
+// The MLA KV record formats: one record = one token of one layer.
 // This header is the single home of every record size and byte offset; CPU codecs,
 // the paged cache and the CUDA kernels all read them from here. The prose byte
 // tables are in docs/formats.md (keep the two in step; tests/formats_test.cc checks
@@ -19,8 +19,9 @@ enum class KvFormat : uint8_t {
   kFp8DsMla = 1,          // "fp8_ds_mla"           656 B, FlashMLA V3.2 byte-compatible
   kNvfp4DsMla = 2,        // "nvfp4_ds_mla"         432 B
   kNvfp4DsMlaFp8Rope = 3, // "nvfp4_ds_mla_fp8rope" 368 B
+  kF32 = 4,               // "f32"                  2304 B, unquantized: parity checks (CPU only)
 };
-inline constexpr int kNumKvFormats = 4;
+inline constexpr int kNumKvFormats = 5;
 
 // MLA latent geometry the compressed records are defined for (DeepSeek/Kimi/GLM).
 inline constexpr int kLatentDim = 512;  // kv_lora_rank L
@@ -36,6 +37,16 @@ inline constexpr int kRopeOffset = kLatentOffset + 2 * kLatentDim;  // 1024
 inline constexpr int kRecordBytes = kRopeOffset + 2 * kRopeDim;     // 1152
 static_assert(kRecordBytes == 1152);
 }  // namespace bf16
+
+// f32: [0,2048) 512 f32 latent, [2048,2304) 64 f32 rope: the values as computed, for
+// parity checks against an unquantized reference. (Any geometry: 4*(L+R) B.) CPU only:
+// the CUDA backend refuses it (kUnimplemented).
+namespace f32 {
+inline constexpr int kLatentOffset = 0;
+inline constexpr int kRopeOffset = kLatentOffset + 4 * kLatentDim;  // 2048
+inline constexpr int kRecordBytes = kRopeOffset + 4 * kRopeDim;     // 2304
+static_assert(kRecordBytes == 2304);
+}  // namespace f32
 
 // fp8_ds_mla (FlashMLA "FP8 with scale"): 512 e4m3 latent, 4 fp32 tile scales, 64 bf16 rope.
 namespace fp8_ds_mla {
@@ -130,7 +141,7 @@ struct FormatTag {
   static constexpr KvFormat value = F;
 };
 
-static_assert(kNumKvFormats == 4, "visit_format: add a case for the new KvFormat");
+static_assert(kNumKvFormats == 5, "visit_format: add a case for the new KvFormat");
 
 template <class Fn>
 MLAKV_HD constexpr void visit_format(KvFormat f, Fn&& fn) {
@@ -139,6 +150,7 @@ MLAKV_HD constexpr void visit_format(KvFormat f, Fn&& fn) {
     case KvFormat::kFp8DsMla: fn(FormatTag<KvFormat::kFp8DsMla>{}); return;
     case KvFormat::kNvfp4DsMla: fn(FormatTag<KvFormat::kNvfp4DsMla>{}); return;
     case KvFormat::kNvfp4DsMlaFp8Rope: fn(FormatTag<KvFormat::kNvfp4DsMlaFp8Rope>{}); return;
+    case KvFormat::kF32: fn(FormatTag<KvFormat::kF32>{}); return;
   }
 }
 
@@ -149,6 +161,7 @@ MLAKV_HD constexpr R visit_format(KvFormat f, R fallback, Fn&& fn) {
     case KvFormat::kFp8DsMla: return fn(FormatTag<KvFormat::kFp8DsMla>{});
     case KvFormat::kNvfp4DsMla: return fn(FormatTag<KvFormat::kNvfp4DsMla>{});
     case KvFormat::kNvfp4DsMlaFp8Rope: return fn(FormatTag<KvFormat::kNvfp4DsMlaFp8Rope>{});
+    case KvFormat::kF32: return fn(FormatTag<KvFormat::kF32>{});
   }
   return fallback;
 }
@@ -186,8 +199,8 @@ const FormatInfo& format_info(KvFormat f);
 std::span<const FormatInfo> all_formats();
 std::optional<KvFormat> parse_format(std::string_view name);
 std::string_view format_name(KvFormat f);
-// Record size for a geometry; only bf16 supports latent/rope dims other than 512/64
-// (returns -1 for the others, and for a bf16 geometry whose size overflows int or has
+// Record size for a geometry; only bf16 and f32 support latent/rope dims other than 512/64
+// (returns -1 for the others, and for a bf16/f32 geometry whose size overflows int or has
 // a negative dim; see codec.h for the Status-returning check).
 int record_bytes(KvFormat f, int latent_dim = kLatentDim, int rope_dim = kRopeDim);
 

@@ -29,6 +29,11 @@ Status check_cache_view(const CacheLayerView& c, std::string_view name) {
   if (!std::isfinite(c.outer_scale) || !(c.outer_scale > 0.0f)) {
     return invalid_argument(fmt::format("{}: outer_scale must be finite and > 0, got {}", name, c.outer_scale));
   }
+  if (c.format == KvFormat::kF32 && c.device.type == DeviceType::kCuda) {
+    return unimplemented(fmt::format("{}: format f32 is a CPU parity-check format; the CUDA backend has no f32 "
+                                     "kernels (use bf16 on the GPU)",
+                                     name));
+  }
   return Status::Ok();
 }
 

@@ -363,7 +363,8 @@ ScaleError scale_error(const CodecParams& p, const std::vector<float>& rows, con
   for (int64_t t = 0; t < n; ++t) {
     const uint8_t* r = recs.data() + t * rb;
     switch (p.format) {
-      case KvFormat::kBf16: break;
+      case KvFormat::kBf16:
+      case KvFormat::kF32: break;
       case KvFormat::kFp8DsMla: {
         namespace F = layout::fp8_ds_mla;
         s.what = fmt::format("{} fp32 tile scales vs amax/448", F::kNumTiles);
@@ -396,7 +397,7 @@ ScaleError scale_error(const CodecParams& p, const std::vector<float>& rows, con
     }
   }
   s.mean_rel = s.count > 0 ? sum / static_cast<double>(s.count) : 0;
-  if (s.what.empty()) s.what = "none (bf16 stores values)";
+  if (s.what.empty()) s.what = fmt::format("none ({} stores values)", format_name(p.format));
   return s;
 }
 

@@ -140,10 +140,13 @@ HWY_INLINE void DequantRecord(const CacheLayerView& c, const uint8_t* rec, float
     } else if constexpr (F == KvFormat::kNvfp4DsMla) {
       Nvfp4LatentToF32(rec, c.outer_scale, row);
       Bf16ToF32(rec + layout::nvfp4_ds_mla::kRopeOffset, kRopeDim, row + kLatentDim);
-    } else {
+    } else if constexpr (F == KvFormat::kNvfp4DsMlaFp8Rope) {
       namespace R = layout::nvfp4_ds_mla_fp8rope;
       Nvfp4LatentToF32(rec, c.outer_scale, row);
       E4m3ToF32(rec + R::kRopeOffset, kRopeDim, codec::load_f32(rec + R::kRopeScaleOffset), row + kLatentDim);
+    } else {
+      static_assert(F == KvFormat::kF32);
+      for (int i = 0; i < kQkDim; ++i) row[i] = codec::load_f32(rec + 4 * i);
     }
   });
 }

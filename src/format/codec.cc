@@ -81,6 +81,8 @@ Status encode_records(const CodecParams& p, const TensorView& latent, const Tens
     uint8_t* rec = records.ptr<uint8_t>() + t * records.stride(0);
     if (p.format == KvFormat::kBf16) {
       codec::encode_bf16_record(lat.data(), p.latent_dim, rop.data(), p.rope_dim, rec);
+    } else if (p.format == KvFormat::kF32) {
+      codec::encode_f32_record(lat.data(), p.latent_dim, rop.data(), p.rope_dim, rec);
     } else {
       codec::encode_record(p.format, lat.data(), rop.data(), p.outer_scale, p.fp8_scales, rec);
     }
@@ -101,8 +103,8 @@ Status validate_record(KvFormat f, const uint8_t* rec, int64_t t) {
   };
   return visit_format(f, Status::Ok(), [&](auto tag) -> Status {
     constexpr KvFormat F = decltype(tag)::value;
-    if constexpr (F == KvFormat::kBf16) {
-      return Status::Ok();
+    if constexpr (F == KvFormat::kBf16 || F == KvFormat::kF32) {
+      return Status::Ok();  // non-finite values are caught after decoding
     } else if constexpr (F == KvFormat::kFp8DsMla) {
       namespace L8 = layout::fp8_ds_mla;
       for (int k = 0; k < L8::kNumTiles; ++k) {
@@ -144,6 +146,8 @@ Status decode_records(const CodecParams& p, const TensorView& records, const Ten
     float* rop = rope.ptr<float>() + t * rope.stride(0);
     if (p.format == KvFormat::kBf16) {
       codec::decode_bf16_record(rec, p.latent_dim, p.rope_dim, lat, rop);
+    } else if (p.format == KvFormat::kF32) {
+      codec::decode_f32_record(rec, p.latent_dim, p.rope_dim, lat, rop);
     } else {
       codec::decode_record(p.format, rec, p.outer_scale, lat, rop);
     }

@@ -12,6 +12,10 @@ constexpr RecordRegion kBf16Regions[] = {
     {L::bf16::kLatentOffset, 2 * kLatentDim, "512 x bf16 latent (kv_c_normed)"},
     {L::bf16::kRopeOffset, 2 * kRopeDim, "64 x bf16 rope (k_pe after rotary)"},
 };
+constexpr RecordRegion kF32Regions[] = {
+    {L::f32::kLatentOffset, 4 * kLatentDim, "512 x f32 latent (kv_c_normed), unquantized"},
+    {L::f32::kRopeOffset, 4 * kRopeDim, "64 x f32 rope (k_pe after rotary), unquantized"},
+};
 constexpr RecordRegion kFp8Regions[] = {
     {L::fp8_ds_mla::kLatentOffset, kLatentDim, "512 x fp8 e4m3fn latent, byte i = dim i"},
     {L::fp8_ds_mla::kScaleOffset, 4 * L::fp8_ds_mla::kNumTiles,
@@ -48,6 +52,9 @@ const std::array<FormatInfo, kNumKvFormats> kFormats = {{
     {KvFormat::kNvfp4DsMlaFp8Rope, "nvfp4_ds_mla_fp8rope", L::nvfp4_ds_mla_fp8rope::kRecordBytes, true,
      "nvfp4_ds_mla latent with e4m3 rope and one fp32 rope scale", kNvfp4Fp8RopeRegions,
      "nvfp4_ds_mla with KV_FP8_ROPE=1 (local-inference-lab vLLM fork)"},
+    {KvFormat::kF32, "f32", L::f32::kRecordBytes, false,
+     "unquantized f32 latent and rope, for parity checks (CPU only)", kF32Regions,
+     "none: vLLM's MLA backends keep 16-bit or quantized caches"},
 }};
 
 constexpr RecordRegion kIndexerRegions[] = {
@@ -76,9 +83,9 @@ std::optional<KvFormat> parse_format(std::string_view name) {
 }
 
 int record_bytes(KvFormat f, int latent_dim, int rope_dim) {
-  if (f == KvFormat::kBf16) {
-    // 2 * (L + R) in int64: L and R come from config.json (up to 2^30 each).
-    const int64_t bytes = 2 * (int64_t{latent_dim} + rope_dim);
+  if (f == KvFormat::kBf16 || f == KvFormat::kF32) {
+    // (2 or 4) * (L + R) in int64: L and R come from config.json (up to 2^30 each).
+    const int64_t bytes = (f == KvFormat::kBf16 ? 2 : 4) * (int64_t{latent_dim} + rope_dim);
     return latent_dim < 0 || rope_dim < 0 || bytes > INT32_MAX ? -1 : static_cast<int>(bytes);
   }
   if (latent_dim != kLatentDim || rope_dim != kRopeDim) return -1;

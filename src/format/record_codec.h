@@ -137,6 +137,11 @@ MLAKV_HD void encode_nvfp4_fp8rope_record(const float* latent, const float* rope
   for (int i = 0; i < kRopeDim; ++i) rec[N::kRopeOffset + i] = rope_fp8_quantize(rope[i], rs);
 }
 
+MLAKV_HD void encode_f32_record(const float* latent, int latent_dim, const float* rope, int rope_dim, uint8_t* rec) {
+  for (int i = 0; i < latent_dim; ++i) store_f32(rec + 4 * i, latent[i]);
+  for (int i = 0; i < rope_dim; ++i) store_f32(rec + 4 * (latent_dim + i), rope[i]);
+}
+
 MLAKV_HD void encode_record(KvFormat f, const float* latent, const float* rope, float outer_scale,
                             Fp8ScaleMode fp8_mode, uint8_t* rec) {
   visit_format(f, [&](auto tag) {
@@ -147,8 +152,11 @@ MLAKV_HD void encode_record(KvFormat f, const float* latent, const float* rope, 
       encode_fp8_record(latent, rope, fp8_mode, rec);
     } else if constexpr (F == KvFormat::kNvfp4DsMla) {
       encode_nvfp4_record(latent, rope, outer_scale, rec);
-    } else {
+    } else if constexpr (F == KvFormat::kNvfp4DsMlaFp8Rope) {
       encode_nvfp4_fp8rope_record(latent, rope, outer_scale, rec);
+    } else {
+      static_assert(F == KvFormat::kF32);
+      encode_f32_record(latent, kLatentDim, rope, kRopeDim, rec);
     }
   });
 }
@@ -157,6 +165,11 @@ MLAKV_HD void encode_record(KvFormat f, const float* latent, const float* rope, 
 MLAKV_HD void decode_bf16_record(const uint8_t* rec, int latent_dim, int rope_dim, float* latent, float* rope) {
   for (int i = 0; i < latent_dim; ++i) latent[i] = bf16_to_f32(load_u16(rec + 2 * i));
   for (int i = 0; i < rope_dim; ++i) rope[i] = bf16_to_f32(load_u16(rec + 2 * (latent_dim + i)));
+}
+
+MLAKV_HD void decode_f32_record(const uint8_t* rec, int latent_dim, int rope_dim, float* latent, float* rope) {
+  for (int i = 0; i < latent_dim; ++i) latent[i] = load_f32(rec + 4 * i);
+  for (int i = 0; i < rope_dim; ++i) rope[i] = load_f32(rec + 4 * (latent_dim + i));
 }
 
 MLAKV_HD void decode_nvfp4_latent(const uint8_t* rec, float outer_scale, float* latent) {
@@ -190,11 +203,14 @@ MLAKV_HD void decode_record(KvFormat f, const uint8_t* rec, float outer_scale, f
       for (int i = 0; i < kRopeDim; ++i) {
         rope[i] = bf16_to_f32(load_u16(rec + layout::nvfp4_ds_mla::kRopeOffset + 2 * i));
       }
-    } else {
+    } else if constexpr (F == KvFormat::kNvfp4DsMlaFp8Rope) {
       namespace N = layout::nvfp4_ds_mla_fp8rope;
       decode_nvfp4_latent(rec, outer_scale, latent);
       const float rs = load_f32(rec + N::kRopeScaleOffset);
       for (int i = 0; i < kRopeDim; ++i) rope[i] = e4m3_to_f32(rec[N::kRopeOffset + i]) * rs;
+    } else {
+      static_assert(F == KvFormat::kF32);
+      decode_f32_record(rec, kLatentDim, kRopeDim, latent, rope);
     }
   });
 }
