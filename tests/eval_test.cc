@@ -53,7 +53,8 @@ TEST(Evaluate, KnownAnswersOnATinyModel) {
   auto m = tiny();
   ASSERT_TRUE(m);
   const auto toks = random_tokens(3 * 64, m->vocab_size(), 9);
-  std::vector<EvalCacheSpec> specs = {{KvFormat::kBf16, {}, "none"}, {KvFormat::kNvfp4DsMla, {}, "none"}};
+  std::vector<EvalCacheSpec> specs = {
+      {KvFormat::kBf16, {}, "none"}, {KvFormat::kNvfp4DsMla, {}, "none"}, {KvFormat::kF32, {}, "none"}};
   auto rep = evaluate(*m, toks, specs, {.context = 64, .windows = 3, .block_size = 16});
   ASSERT_TRUE(rep.ok()) << rep.status().to_string();
   EXPECT_EQ(rep->reference.count(), 3 * 64);
@@ -64,6 +65,11 @@ TEST(Evaluate, KnownAnswersOnATinyModel) {
   EXPECT_GT(kb, 0.0);
   EXPECT_GT(kn, kb);
   EXPECT_LT(kb, 1e-3);
+  // The unquantized f32 records are the reference's: KLD 0 and full agreement, exactly.
+  EXPECT_EQ(rep->rows[2].kld.kld_max(), 0.0);
+  EXPECT_EQ(rep->rows[2].kld.kld_mean(), 0.0);
+  EXPECT_EQ(rep->rows[2].kld.top1_agree(), 1.0);
+  EXPECT_EQ(rep->rows[2].kld.ppl_q(), rep->reference.ppl_ref());
   // Perplexity of the reference from its own NLLs: exp(mean NLL), recomputed here from logits.
   EXPECT_GT(rep->reference.ppl_ref(), 1.0);
   EXPECT_LT(rep->reference.ppl_ref(), 2.0 * m->vocab_size());

@@ -144,7 +144,7 @@ TEST(ModelRecordWriter, RecordsMatchScalarCodec) {
   const auto lats = latents(rng);
   for (int64_t t : targets()) {
     TargetScope scope(t);
-    for (KvFormat f : {KvFormat::kBf16, KvFormat::kFp8DsMla, KvFormat::kNvfp4DsMla, KvFormat::kNvfp4DsMlaFp8Rope}) {
+    for (KvFormat f : {KvFormat::kBf16, KvFormat::kFp8DsMla, KvFormat::kNvfp4DsMla, KvFormat::kNvfp4DsMlaFp8Rope, KvFormat::kF32}) {
       const int rb = record_bytes(f);
       for (float outer : {1.0f, 0.37f, 1e-3f, 100.0f}) {
         for (bool exact : {false, true}) {
@@ -188,7 +188,7 @@ TEST(ModelRecordWriter, CacheWriterEqualsKvCacheWrite) {
   slots[3] = -1;
   slots[99] = -1;
   ThreadPool pool(2);
-  for (KvFormat f : {KvFormat::kBf16, KvFormat::kFp8DsMla, KvFormat::kNvfp4DsMla, KvFormat::kNvfp4DsMlaFp8Rope}) {
+  for (KvFormat f : {KvFormat::kBf16, KvFormat::kFp8DsMla, KvFormat::kNvfp4DsMla, KvFormat::kNvfp4DsMlaFp8Rope, KvFormat::kF32}) {
     KvCache::Config c;
     c.num_blocks = 20;
     c.block_size = 8;

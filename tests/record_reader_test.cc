@@ -73,7 +73,7 @@ TEST_P(SimdRecordReader, MatchesTheScalarCodecCodeByCode) {
 
 INSTANTIATE_TEST_SUITE_P(EveryFormat, SimdRecordReader,
                          ::testing::Values(KvFormat::kBf16, KvFormat::kFp8DsMla, KvFormat::kNvfp4DsMla,
-                                           KvFormat::kNvfp4DsMlaFp8Rope),
+                                           KvFormat::kNvfp4DsMlaFp8Rope, KvFormat::kF32),
                          [](const ::testing::TestParamInfo<KvFormat>& info) {
                            return std::string(format_name(info.param));
                          });

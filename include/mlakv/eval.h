@@ -1,5 +1,6 @@
 // What each KV record format costs a whole model, measured on real text (`mlakv eval`):
-// teacher-forced KLD against an unquantized float32 cache, top-1 agreement, perplexity,
+// teacher-forced KLD against an unquantized float32 cache (the paged cache in the f32
+// record format, attended by the same kernels as every format), top-1 agreement, perplexity,
 // and needle retrieval by greedy decoding through the cache (docs/eval.md, docs/needle.md).
 //
 // Decode-equivalent: each window is run as one prefill through the cache under test,
@@ -69,7 +70,8 @@ struct EvalReport {
 };
 
 // Teacher-forced evaluation of every spec over the windows of `tokens` (eval_windows).
-// Per window: the reference (ReferenceKvCache) logits, then each spec's (a PagedKvCache
+// Per window: the reference logits (a PagedKvCache in the f32 record format: float32 as
+// computed, so a spec of format f32 gives KLD 0 exactly), then each spec's (a PagedKvCache
 // in its format and scales), compared position by position: KL(P_ref || P_spec), top-1
 // agreement, and the NLL of the true next token (the window's last position has none).
 // Errors: those of eval_windows, of the caches and of Model::forward; nothing partial.
@@ -78,7 +80,7 @@ StatusOr<EvalReport> evaluate(Model& model, std::span<const int32_t> tokens, std
 
 // ---- calibration from text ---------------------------------------------------------
 
-// Runs the model over the windows of `tokens` (eval_windows) with the float32 reference
+// Runs the model over the windows of `tokens` (eval_windows) with the f32 reference
 // cache and takes max |kv_c_normed| per layer, as the fork does: s_l = max_abs / 2688.
 StatusOr<OuterScales> calibrate_outer_scales(Model& model, std::span<const int32_t> tokens, int64_t context,
                                              int64_t windows, int64_t skip = 0, const ProgressFn& progress = {});
@@ -101,7 +103,7 @@ inline constexpr int kNeedleMaxNewTokens = 8;
 StatusOr<std::vector<NeedleTrial>> make_needle_trials(const Tokenizer& tokenizer, std::span<const int32_t> eval_tokens,
                                                       int64_t max_position, int n);
 
-// Greedy decode of one trial through a cache: nullptr spec = the float32 reference.
+// Greedy decode of one trial through a cache: nullptr spec = the f32 reference.
 // Returns whether the answer matches (docs/needle.md step 9) and the generated text.
 struct NeedleAnswer {
   bool found = false;
@@ -118,7 +120,7 @@ struct GenerateResult {
   double decode_seconds = 0;
 };
 // Prefills `prompt` (>= 1 token) and decodes up to max_new_tokens greedily (argmax, ties
-// to the lowest id), stopping early at `stop_id` when given. spec nullptr: reference cache.
+// to the lowest id), stopping early at `stop_id` when given. spec nullptr: the f32 reference.
 StatusOr<GenerateResult> generate_greedy(Model& model, std::span<const int32_t> prompt, int max_new_tokens,
                                          const EvalCacheSpec* spec, std::optional<int32_t> stop_id = {},
                                          int block_size = kDefaultBlockSize);

@@ -26,6 +26,9 @@ def decode(records, fmt, outer_scale=1.0):
         u = r.view(np.uint16).reshape(n, 576)
         x = bf16_to_f64(u)
         return x[:, :512], x[:, 512:]
+    if fmt == "f32":
+        x = r.view(np.float32).reshape(n, 576).astype(np.float64)
+        return x[:, :512], x[:, 512:]
     if fmt == "fp8_ds_mla":
         lat = e4m3_to_f64(r[:, :512])
         scales = r[:, 512:528].copy().view(np.float32).astype(np.float64)  # [n, 4]

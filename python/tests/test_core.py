@@ -10,7 +10,7 @@ import pytest
 import mlakv
 import reference as ref
 
-FORMATS = ["bf16", "fp8_ds_mla", "nvfp4_ds_mla", "nvfp4_ds_mla_fp8rope"]
+FORMATS = ["bf16", "fp8_ds_mla", "nvfp4_ds_mla", "nvfp4_ds_mla_fp8rope", "f32"]
 
 
 def latents(rng, n):
@@ -35,7 +35,7 @@ def test_formats_table():
             assert off == end
             end = off + nbytes
         assert end == f["record_bytes"]
-    assert [fm[n]["record_bytes"] for n in FORMATS] == [1152, 656, 432, 368]
+    assert [fm[n]["record_bytes"] for n in FORMATS] == [1152, 656, 432, 368, 2304]
     if cli:
         out = json.loads(subprocess.run([cli, "formats", "--json"], check=True, capture_output=True).stdout)
         rows = out["formats"] if isinstance(out, dict) else out
@@ -57,8 +57,12 @@ def test_encode_decode_against_numpy_reader(rng, fmt):
     np.testing.assert_array_equal(l2.astype(np.float64), lr.astype(np.float32).astype(np.float64))
     np.testing.assert_array_equal(r2.astype(np.float64), rr.astype(np.float32).astype(np.float64))
     # And the round trip is close to the input (loose: each format's own rounding).
-    tol = {"bf16": 1e-2, "fp8_ds_mla": 0.07, "nvfp4_ds_mla": 0.5, "nvfp4_ds_mla_fp8rope": 0.5}[fmt]
-    assert np.linalg.norm(l2 - lat) / np.linalg.norm(lat) < tol
+    tol = {"bf16": 1e-2, "fp8_ds_mla": 0.07, "nvfp4_ds_mla": 0.5, "nvfp4_ds_mla_fp8rope": 0.5, "f32": 0}[fmt]
+    if tol == 0:  # unquantized: the values themselves
+        np.testing.assert_array_equal(l2, lat)
+        np.testing.assert_array_equal(r2, rope)
+    else:
+        assert np.linalg.norm(l2 - lat) / np.linalg.norm(lat) < tol
 
 
 def test_encode_writes_into_the_callers_buffer(rng):

@@ -196,12 +196,10 @@ Status run_generate(const GenArgs& a) {
   }
   if (a.threads < 0) return invalid_argument(fmt::format("--threads must be >= 0 (0 = all cores), got {}", a.threads));
   EvalCacheSpec spec;
-  const bool reference = a.format == "f32" || a.format == "reference";
-  if (!reference) {
-    const auto f = parse_format(a.format);
-    if (!f) return invalid_argument(fmt::format("--format: unknown format '{}'", a.format));
-    spec.format = *f;
-  }
+  // "reference" is the unquantized f32 record format, the reference `eval` measures against.
+  const auto f = a.format == "reference" ? std::optional<KvFormat>(KvFormat::kF32) : parse_format(a.format);
+  if (!f) return invalid_argument(fmt::format("--format: unknown format '{}'", a.format));
+  spec.format = *f;
   MLAKV_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::load(a.model, ModelLoadOptions{.threads = a.threads}));
   MLAKV_ASSIGN_OR_RETURN(Tokenizer tok, tokenizer_for(a.model, *model));
   MLAKV_ASSIGN_OR_RETURN(std::vector<int32_t> prompt, tok.encode(a.prompt, true));
@@ -212,12 +210,12 @@ Status run_generate(const GenArgs& a) {
                                         prompt.size(), a.max_tokens, max_pos));
   }
   MLAKV_ASSIGN_OR_RETURN(GenerateResult g,
-                         generate_greedy(*model, prompt, a.max_tokens, reference ? nullptr : &spec, tok.eos_id()));
+                         generate_greedy(*model, prompt, a.max_tokens, &spec, tok.eos_id()));
   MLAKV_ASSIGN_OR_RETURN(std::string text, tok.decode(g.tokens, true));
   const double prefill_tps = g.prefill_seconds > 0 ? prompt.size() / g.prefill_seconds : 0;
   const double decode_tps = g.decode_seconds > 0 ? g.tokens.size() / g.decode_seconds : 0;
   if (a.json) {
-    const nlohmann::json j = {{"format", reference ? "f32" : std::string(format_name(spec.format))},
+    const nlohmann::json j = {{"format", std::string(format_name(spec.format))},
                               {"prompt_tokens", prompt.size()},
                               {"generated_tokens", g.tokens.size()},
                               {"tokens", g.tokens},
@@ -230,7 +228,7 @@ Status run_generate(const GenArgs& a) {
   }
   fmt::print("{}{}\n", a.prompt, text);
   fmt::print(stderr, "[{} cache: prompt {} tokens at {:.0f} tokens/s, {} generated at {:.1f} tokens/s]\n",
-             reference ? "f32" : format_name(spec.format), prompt.size(), prefill_tps, g.tokens.size(), decode_tps);
+             format_name(spec.format), prompt.size(), prefill_tps, g.tokens.size(), decode_tps);
   return Status::Ok();
 }
 
@@ -315,7 +313,7 @@ void add_eval_command(Cli& cli) {
   auto* gen = cli.app.add_subcommand("generate", "Greedy decoding through the paged cache in a record format");
   gen->add_option("--model", g->model, "Hugging Face checkpoint directory")->required();
   gen->add_option("--prompt", g->prompt, "prompt text")->required();
-  gen->add_option("--format", g->format, "cache record format, or f32 for the unquantized reference cache")
+  gen->add_option("--format", g->format, "cache record format (f32: the unquantized reference eval measures against)")
       ->capture_default_str();
   gen->add_option("--max-tokens", g->max_tokens, "tokens to generate at most (stops at EOS)")->capture_default_str();
   gen->add_option("--threads", g->threads, "CPU threads (0 = all cores)")->capture_default_str();

@@ -37,29 +37,31 @@ int32_t argmax(std::span<const float> row) {
   return best;
 }
 
-// One sequence's forward through either cache kind.
+// The reference: the paged cache in the unquantized f32 record format (float32 exactly as
+// computed), attended by the same kernels as every other format, so a row's KLD measures
+// only what its records lose (and an f32 row is exactly 0).
+const EvalCacheSpec kReferenceSpec{KvFormat::kF32, {}, "none"};
+
+// One sequence's forward through a paged cache.
 struct Runner {
   Model& model;
-  PagedKvCache* paged = nullptr;
-  ReferenceKvCache* ref = nullptr;
+  PagedKvCache& cache;
   SeqId seq = -1;
 
-  Status start() {
-    seq = paged ? paged->add_sequence() : ref->add_sequence();
-    return Status::Ok();
-  }
-  Status forward(std::span<const int32_t> toks, std::vector<float>& logits, bool last_only) {
+  void start() { seq = cache.add_sequence(); }
+  Status forward(std::span<const int32_t> toks, std::vector<float>& logits, bool last_only,
+                 const LatentObserver& observer = {}) {
     const int64_t rows = last_only ? 1 : static_cast<int64_t>(toks.size());
     logits.resize(static_cast<std::size_t>(rows * model.vocab_size()));
     const TensorView out = TensorView::contiguous(logits.data(), DType::kF32, {rows, model.vocab_size()});
     ForwardOptions fo;
     fo.last_token_only = last_only;
-    return paged ? model.forward(*paged, seq, toks, out, fo) : model.forward(*ref, seq, toks, out, fo);
+    fo.observer = observer;
+    return model.forward(cache, seq, toks, out, fo);
   }
   void finish() {
     if (seq < 0) return;
-    if (paged) (void)paged->free(seq);
-    else (void)ref->free(seq);
+    (void)cache.free(seq);
     seq = -1;
   }
 };
@@ -90,7 +92,7 @@ StatusOr<std::vector<std::span<const int32_t>>> eval_windows(std::span<const int
 StatusOr<EvalReport> evaluate(Model& model, std::span<const int32_t> tokens, std::span<const EvalCacheSpec> specs,
                               const EvalOptions& opt) {
   MLAKV_ASSIGN_OR_RETURN(auto windows, eval_windows(tokens, opt.context, opt.windows));
-  MLAKV_ASSIGN_OR_RETURN(std::unique_ptr<ReferenceKvCache> ref, model.create_reference_cache());
+  MLAKV_ASSIGN_OR_RETURN(std::unique_ptr<PagedKvCache> ref, cache_for(model, kReferenceSpec, opt.context, opt.block_size));
   std::vector<std::unique_ptr<PagedKvCache>> caches;
   EvalReport rep;
   for (const EvalCacheSpec& s : specs) {
@@ -107,8 +109,8 @@ StatusOr<EvalReport> evaluate(Model& model, std::span<const int32_t> tokens, std
     const int64_t T = static_cast<int64_t>(win.size());
     auto target = [&](int64_t t) -> int64_t { return t + 1 < T ? win[static_cast<std::size_t>(t + 1)] : -1; };
     {
-      Runner r{model, nullptr, ref.get()};
-      MLAKV_RETURN_IF_ERROR(r.start());
+      Runner r{model, *ref};
+      r.start();
       const auto t0 = std::chrono::steady_clock::now();
       const Status st = r.forward(win, ref_logits, false);
       rep.reference_seconds += seconds_since(t0);
@@ -122,8 +124,8 @@ StatusOr<EvalReport> evaluate(Model& model, std::span<const int32_t> tokens, std
       report_progress(opt.progress, "reference", ++done, total);
     }
     for (std::size_t i = 0; i < specs.size(); ++i) {
-      Runner r{model, caches[i].get(), nullptr};
-      MLAKV_RETURN_IF_ERROR(r.start());
+      Runner r{model, *caches[i]};
+      r.start();
       const auto t0 = std::chrono::steady_clock::now();
       const Status st = r.forward(win, q_logits, false);
       rep.rows[i].seconds += seconds_since(t0);
@@ -144,22 +146,16 @@ StatusOr<EvalReport> evaluate(Model& model, std::span<const int32_t> tokens, std
 StatusOr<OuterScales> calibrate_outer_scales(Model& model, std::span<const int32_t> tokens, int64_t context,
                                              int64_t windows, int64_t skip, const ProgressFn& progress) {
   MLAKV_ASSIGN_OR_RETURN(auto wins, eval_windows(tokens, context, windows, skip));
-  MLAKV_ASSIGN_OR_RETURN(std::unique_ptr<ReferenceKvCache> ref, model.create_reference_cache());
+  MLAKV_ASSIGN_OR_RETURN(std::unique_ptr<PagedKvCache> ref, cache_for(model, kReferenceSpec, context, kDefaultBlockSize));
   OuterScaleCalibrator cal;
   Status observed = Status::Ok();
   std::vector<float> logits;
   for (std::size_t w = 0; w < wins.size(); ++w) {
-    Runner r{model, nullptr, ref.get()};
-    MLAKV_RETURN_IF_ERROR(r.start());
-    const SeqId seq = r.seq;
-    logits.resize(static_cast<std::size_t>(model.vocab_size()));
-    ForwardOptions fo;
-    fo.last_token_only = true;
-    fo.observer = [&](int layer, const TensorView& kv) {
+    Runner r{model, *ref};
+    r.start();
+    const Status st = r.forward(wins[w], logits, true, [&](int layer, const TensorView& kv) {
       if (observed.ok()) observed = cal.add(layer, kv, fmt::format("window {} layer {} kv_c_normed", w, layer));
-    };
-    const Status st = model.forward(*ref, seq, wins[w], TensorView::contiguous(logits.data(), DType::kF32,
-                                                                              {1, model.vocab_size()}), fo);
+    });
     r.finish();
     MLAKV_RETURN_IF_ERROR(st.with_context(fmt::format("calibration window {}", w)));
     MLAKV_RETURN_IF_ERROR(observed);
@@ -261,15 +257,10 @@ static StatusOr<GenerateResult> generate_impl(Model& model, std::span<const int3
   if (prompt.empty()) return invalid_argument("generate: the prompt has no tokens");
   if (max_new_tokens < 0) return invalid_argument(fmt::format("max_new_tokens must be >= 0, got {}", max_new_tokens));
   const int64_t need = static_cast<int64_t>(prompt.size()) + max_new_tokens;
-  std::unique_ptr<PagedKvCache> paged;
-  std::unique_ptr<ReferenceKvCache> ref;
-  if (spec) {
-    MLAKV_ASSIGN_OR_RETURN(paged, cache_for(model, *spec, need, block_size));
-  } else {
-    MLAKV_ASSIGN_OR_RETURN(ref, model.create_reference_cache());
-  }
-  Runner r{model, paged.get(), ref.get()};
-  MLAKV_RETURN_IF_ERROR(r.start());
+  MLAKV_ASSIGN_OR_RETURN(std::unique_ptr<PagedKvCache> paged,
+                         cache_for(model, spec ? *spec : kReferenceSpec, need, block_size));
+  Runner r{model, *paged};
+  r.start();
   GenerateResult res;
   std::vector<float> logits;
   auto t0 = std::chrono::steady_clock::now();

@@ -181,6 +181,10 @@ void EncodeRecord(KvFormat f, const float* latent, int latent_dim, const float* 
       StoreBf16(latent, latent_dim, rec);
       StoreBf16(rope, rope_dim, rec + 2 * latent_dim);
       break;
+    case KvFormat::kF32:
+      std::memcpy(rec, latent, sizeof(float) * static_cast<std::size_t>(latent_dim));
+      std::memcpy(rec + 4 * latent_dim, rope, sizeof(float) * static_cast<std::size_t>(rope_dim));
+      break;
     case KvFormat::kFp8DsMla: {
       namespace F = layout::fp8_ds_mla;
       const auto mode = static_cast<TileScaleMode>(fp8_exact ? 1 : 0);

@@ -73,6 +73,10 @@ void check_rounding(KvFormat f, const Rows& x, const Rows& y, int64_t t) {
       check_bf16(xl, yl, kLatentDim, "bf16 latent");
       check_bf16(xr, yr, kRopeDim, "bf16 rope");
       return;
+    case KvFormat::kF32:
+      for (int i = 0; i < kLatentDim; ++i) MLAKV_FUZZ_CHECK(yl[i] == xl[i], "f32 latent");
+      for (int i = 0; i < kRopeDim; ++i) MLAKV_FUZZ_CHECK(yr[i] == xr[i], "f32 rope");
+      return;
     case KvFormat::kFp8DsMla:
       for (int k = 0; k < layout::fp8_ds_mla::kNumTiles; ++k) {
         const int d = k * layout::fp8_ds_mla::kTileDim;
@@ -119,7 +123,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
     Rows r;
     const Status st = decode(p, recs, n, r);
     MLAKV_FUZZ_CHECK(st.ok() || st.code() == StatusCode::kDataLoss, st.to_string());
-    if (st.ok() && p.format == KvFormat::kBf16) {
+    if (st.ok() && (p.format == KvFormat::kBf16 || p.format == KvFormat::kF32)) {
       bool nan = false;
       for (float v : r.lat) nan |= std::isnan(v);
       for (float v : r.rope) nan |= std::isnan(v);

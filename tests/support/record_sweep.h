@@ -71,6 +71,12 @@ inline std::vector<uint8_t> sweep_records(KvFormat f) {
       case KvFormat::kBf16:
         for (int i = 0; i < kQkDim; ++i) put_u16(rec + 2 * i, bf16[(ur * kQkDim + static_cast<std::size_t>(i)) % nb]);
         break;
+      case KvFormat::kF32:  // every finite bf16 value, widened (f32 stores any float; these span its range)
+        for (int i = 0; i < kQkDim; ++i) {
+          put_u16(rec + 4 * i, 0);
+          put_u16(rec + 4 * i + 2, bf16[(ur * kQkDim + static_cast<std::size_t>(i)) % nb]);
+        }
+        break;
       case KvFormat::kFp8DsMla: {
         namespace F = layout::fp8_ds_mla;
         constexpr std::size_t kScales = sizeof(kSweepTileScales) / sizeof(float);
