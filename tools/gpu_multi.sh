@@ -34,7 +34,7 @@ ranks="${1:-$(nvidia-smi -L | wc -l)}"
 cmake -S . -B build-multi -G Ninja -DCMAKE_BUILD_TYPE=Release -DMLAKV_CUDA=ON -DMLAKV_NCCL=ON \
   -DMLAKV_CUDA_ARCHS=90a -DMLAKV_BUILD_TESTS=ON -DMLAKV_BUILD_BENCH=ON "${nccl_args[@]}" \
   >"$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
-cmake --build build-multi --target nccl_test bench_parallel -j "$(nproc)" >"$OUT/build.log" 2>&1 \
+cmake --build build-multi --target nccl_test bench_parallel long_request_check -j "$(nproc)" >"$OUT/build.log" 2>&1 \
   || { grep -E "error" -A5 "$OUT/build.log" | head -60; exit 1; }
 echo "build ok; $ranks ranks"
 rc=0
@@ -42,4 +42,10 @@ rc=0
 [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 ./build-multi/bench/bench_parallel --ranks "$ranks" --json "$OUT/bench_parallel.json" 2>&1 | tee "$OUT/bench_parallel.log" | tail -40
 [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+# The genuine long request: 1,048,576 tokens of GLM-5.2's cache layers over $ranks GPUs.
+for f in nvfp4_ds_mla_fp8rope fp8_ds_mla; do
+  ./build-multi/tests/long_request_check --ranks "$ranks" --format "$f" --json "$OUT/long_request_$f.json" 2>&1 \
+    | tee "$OUT/long_request_$f.log" | tail -12
+  [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+done
 exit $rc

@@ -28,6 +28,15 @@ DEPS=/tmp/mlakv-deps
 mkdir -p "$DEPS"; for f in .debs/*.deb; do dpkg -x "$f" "$DEPS"; done
 export CMAKE_PREFIX_PATH="$DEPS/usr" LD_LIBRARY_PATH="$DEPS/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export CPATH="$DEPS/usr/include${CPATH:+:$CPATH}"
+# NCCL, for the one-GPU rehearsal of the long request (tests/parallel/long_request_check.cc):
+# the toolkit's, else the one PyTorch's nvidia-nccl wheel carries (as tools/gpu_multi.sh).
+if [ ! -f /usr/local/cuda/include/nccl.h ]; then
+  nccl_root=$(python3 -c "import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))" 2>/dev/null || true)
+  if [ -n "$nccl_root" ]; then
+    [ -e "$nccl_root/lib/libnccl.so" ] || ln -sf libnccl.so.2 "$nccl_root/lib/libnccl.so" 2>/dev/null || true
+    export NCCL_ROOT="$nccl_root" LD_LIBRARY_PATH="$nccl_root/lib:${LD_LIBRARY_PATH:-}"
+  fi
+fi
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DMLAKV_CUDA=ON -DMLAKV_CUDA_ARCHS=90a \
   -DMLAKV_BUILD_TESTS=ON -DMLAKV_BUILD_BENCH=ON -DMLAKV_BUILD_PYTHON=ON -DPython_EXECUTABLE="$(command -v python3)" \
   -DCMAKE_LIBRARY_PATH="$DEPS/usr/lib/x86_64-linux-gnu" -DCMAKE_INCLUDE_PATH="$DEPS/usr/include" \
@@ -36,11 +45,24 @@ cmake --build build-gpu --target cuda_harness bench_cuda mlakv_python -j 12 >"$O
   || { grep -E "error" -A5 "$OUT/build.log" | head -60; exit 1; }
 cmake --build build-gpu --target mlakv_torch_ops -j 12 >"$OUT/build_torch_ops.log" 2>&1 \
   && { echo "torch ops built"; python3 -c "import torch, ctypes; ctypes.CDLL('build-gpu/python/mlakv/_torch_ops.so'); print('torch ops load: ok')" 2>&1 | tail -2; } || { echo "torch ops build FAILED"; grep -E "error" -A4 "$OUT/build_torch_ops.log" | head -40; }
+cmake --build build-gpu --target long_request_check -j 12 >"$OUT/build_long_request.log" 2>&1 \
+  && echo "long_request_check built" || echo "long_request_check not built (no NCCL?): $(grep -E "error|unknown target" "$OUT/build_long_request.log" | head -3)"
 stamp "built"
 
 rc=0
 bash tools/gpu_check.sh harness sanitize bench || rc=1
 stamp "harness, sanitizers, bench done (rc $rc)"
+
+# One 1,048,576-token request on this one GPU (dcp = 1), every GLM-5.2 cache layer filled by
+# the CUDA writers, checked against float64 (the 4-GPU run is tools/gpu_multi.sh 4).
+if [ -x build-gpu/tests/long_request_check ] && [ "${MLAKV_SKIP_LONG_REQUEST:-0}" != 1 ]; then
+  for f in nvfp4_ds_mla_fp8rope fp8_ds_mla; do
+    timeout 240 ./build-gpu/tests/long_request_check --ranks 1 --format "$f" --json "$OUT/long_request_$f.json" 2>&1 \
+      | tee "$OUT/long_request_$f.log" | tail -8
+    [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+  done
+  stamp "long request done"
+fi
 
 PYTHONPATH=build-gpu/python timeout 300 python3 -m pytest -q -p no:cacheprovider python/tests 2>&1 | tee "$OUT/pytest.log" | tail -15
 [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
