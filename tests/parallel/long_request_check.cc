@@ -45,6 +45,7 @@
 #include <thread>
 #include <vector>
 
+#include "cuda_bench_util.h"  // CHECK_CUDA, bench::check, bench::fill_random_records
 #include "mlakv/codec.h"
 #include "mlakv/cuda.h"
 #include "mlakv/dcp.h"
@@ -59,17 +60,12 @@ using namespace mlakv;
 constexpr int kBlock = 64;
 constexpr double kU = 0x1p-24;
 
+using bench::check;
+
 [[noreturn]] void die(const std::string& what) {
   std::fprintf(stderr, "long_request_check: error: %s\n", what.c_str());
   std::exit(1);
 }
-void check(const Status& s, const std::string& what) {
-  if (!s.ok()) die(what + ": " + s.to_string());
-}
-void check_cuda(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) die(fmt::format("{}: {}", what, cudaGetErrorString(e)));
-}
-#define LRC_CUDA(x) check_cuda((x), #x)
 
 struct Options {
   int ranks = 1;
@@ -161,9 +157,9 @@ struct RankResult {
 RankResult run_rank(Communicator& comm, const Options& o, int cache_layers, const std::vector<float>& q, float scale,
                     int host_threads) {
   const int r = comm.rank(), P = comm.size(), dev = comm.device().index;
-  LRC_CUDA(cudaSetDevice(dev));
+  CHECK_CUDA(cudaSetDevice(dev));
   cudaStream_t stream;
-  LRC_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   check(comm.set_stream(stream), "set_stream");
   RankResult res;
   const int64_t local = dcp_local_count(o.tokens, r, P);
@@ -173,7 +169,7 @@ RankResult run_rank(Communicator& comm, const Options& o, int cache_layers, cons
   const std::size_t layer_bytes = static_cast<std::size_t>(blocks * kBlock) * static_cast<std::size_t>(rb);
   // Every cache layer of the model, one allocation each (as an engine's per-layer tensors).
   std::vector<uint8_t*> caches(static_cast<std::size_t>(cache_layers), nullptr);
-  for (auto& c : caches) LRC_CUDA(cudaMalloc(&c, layer_bytes));
+  for (auto& c : caches) CHECK_CUDA(cudaMalloc(&c, layer_bytes));
   res.cache_gib = static_cast<double>(layer_bytes) * cache_layers / (1ull << 30);
   auto view_of = [&](int l) {
     CacheLayerView v;
@@ -185,57 +181,42 @@ RankResult run_rank(Communicator& comm, const Options& o, int cache_layers, cons
     v.device = Device::cuda(dev);
     return v;
   };
-  // Fill: random records through the device writer, 64K tokens at a time, every layer;
-  // then the planted tokens this rank owns (local slot = position / P).
+  // Fill: random records through the device writer, every layer; then the planted
+  // tokens this rank owns (local slot = position / P).
   curandGenerator_t gen;
   curandCreateGenerator(&gen, CURAND_RNG_PSEUDO_DEFAULT);
   curandSetPseudoRandomGeneratorSeed(gen, 9001 + static_cast<unsigned long long>(r));
-  curandSetStream(gen, stream);
-  const int64_t chunk = 65536;
-  float *lat = nullptr, *rope = nullptr;
-  int64_t* slots = nullptr;
-  LRC_CUDA(cudaMalloc(&lat, static_cast<std::size_t>(chunk * kLatentDim) * sizeof(float)));
-  LRC_CUDA(cudaMalloc(&rope, static_cast<std::size_t>(chunk * kRopeDim) * sizeof(float)));
-  LRC_CUDA(cudaMalloc(&slots, static_cast<std::size_t>(chunk) * sizeof(int64_t)));
-  std::vector<int64_t> hs(static_cast<std::size_t>(chunk));
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<int64_t> mine;
   for (int64_t p : planted_positions(o.tokens)) {
     if (dcp_owner(p, P) == r) mine.push_back(dcp_local_position(p, P));
   }
+  const int64_t np = static_cast<int64_t>(mine.size());
   std::vector<float> plant_lat(mine.size() * kLatentDim), plant_rope(mine.size() * kRopeDim);
   for (std::size_t i = 0; i < mine.size(); ++i) {
     for (int d = 0; d < kLatentDim; ++d) plant_lat[i * kLatentDim + static_cast<std::size_t>(d)] = 2.0f * q[static_cast<std::size_t>(d)];
     for (int d = 0; d < kRopeDim; ++d) plant_rope[i * kRopeDim + static_cast<std::size_t>(d)] = 2.0f * q[static_cast<std::size_t>(kLatentDim + d)];
   }
+  float *lat = nullptr, *rope = nullptr;
+  int64_t* slots = nullptr;
+  CHECK_CUDA(cudaMalloc(&lat, std::max<std::size_t>(plant_lat.size(), 1) * sizeof(float)));
+  CHECK_CUDA(cudaMalloc(&rope, std::max<std::size_t>(plant_rope.size(), 1) * sizeof(float)));
+  CHECK_CUDA(cudaMalloc(&slots, std::max<std::size_t>(mine.size(), 1) * sizeof(int64_t)));
+  CHECK_CUDA(cudaMemcpy(slots, mine.data(), mine.size() * sizeof(int64_t), cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(lat, plant_lat.data(), plant_lat.size() * sizeof(float), cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(rope, plant_rope.data(), plant_rope.size() * sizeof(float), cudaMemcpyHostToDevice));
   for (int l = 0; l < cache_layers; ++l) {
     const CacheLayerView v = view_of(l);
-    for (int64_t start = 0; start < local; start += chunk) {
-      const int64_t n = std::min(chunk, local - start);
-      for (int64_t i = 0; i < n; ++i) hs[static_cast<std::size_t>(i)] = start + i;
-      LRC_CUDA(cudaMemcpyAsync(slots, hs.data(), static_cast<std::size_t>(n) * sizeof(int64_t), cudaMemcpyHostToDevice, stream));
-      curandGenerateNormal(gen, lat, static_cast<std::size_t>(chunk * kLatentDim), 0.0f, 1.0f);
-      curandGenerateNormal(gen, rope, static_cast<std::size_t>(chunk * kRopeDim), 0.0f, 1.0f);
-      check(cuda::write_cache(v, TensorView::contiguous(slots, DType::kI64, {n}, v.device),
-                              TensorView::contiguous(lat, DType::kF32, {n, kLatentDim}, v.device),
-                              TensorView::contiguous(rope, DType::kF32, {n, kRopeDim}, v.device), Fp8ScaleMode::kPow2,
-                              stream),
-            "write_cache");
-      LRC_CUDA(cudaStreamSynchronize(stream));  // hs is reused by the next chunk
-    }
-    if (!mine.empty()) {
-      const int64_t n = static_cast<int64_t>(mine.size());
-      LRC_CUDA(cudaMemcpyAsync(slots, mine.data(), mine.size() * sizeof(int64_t), cudaMemcpyHostToDevice, stream));
-      LRC_CUDA(cudaMemcpyAsync(lat, plant_lat.data(), plant_lat.size() * sizeof(float), cudaMemcpyHostToDevice, stream));
-      LRC_CUDA(cudaMemcpyAsync(rope, plant_rope.data(), plant_rope.size() * sizeof(float), cudaMemcpyHostToDevice, stream));
-      check(cuda::write_cache(v, TensorView::contiguous(slots, DType::kI64, {n}, v.device),
-                              TensorView::contiguous(lat, DType::kF32, {n, kLatentDim}, v.device),
-                              TensorView::contiguous(rope, DType::kF32, {n, kRopeDim}, v.device), Fp8ScaleMode::kPow2,
+    bench::fill_random_records(v, local, gen, stream);
+    if (np > 0) {
+      check(cuda::write_cache(v, TensorView::contiguous(slots, DType::kI64, {np}, v.device),
+                              TensorView::contiguous(lat, DType::kF32, {np, kLatentDim}, v.device),
+                              TensorView::contiguous(rope, DType::kF32, {np, kRopeDim}, v.device), Fp8ScaleMode::kPow2,
                               stream),
             "write_cache (planted)");
-      LRC_CUDA(cudaStreamSynchronize(stream));
     }
   }
+  CHECK_CUDA(cudaStreamSynchronize(stream));
   res.fill_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   cudaFree(lat);
   cudaFree(rope);
@@ -249,26 +230,26 @@ RankResult run_rank(Communicator& comm, const Options& o, int cache_layers, cons
   int32_t *dtable = nullptr, *dlen = nullptr;
   float *dq = nullptr, *op = nullptr, *lp = nullptr, *out = nullptr, *lse = nullptr;
   const int H = o.heads;
-  LRC_CUDA(cudaMalloc(&dtable, table.size() * sizeof(int32_t)));
-  LRC_CUDA(cudaMalloc(&dlen, sizeof(int32_t)));
-  LRC_CUDA(cudaMemcpy(dtable, table.data(), table.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
-  LRC_CUDA(cudaMemcpy(dlen, &seqlen, sizeof(int32_t), cudaMemcpyHostToDevice));
-  LRC_CUDA(cudaMalloc(&dq, q.size() * sizeof(float)));
-  LRC_CUDA(cudaMemcpy(dq, q.data(), q.size() * sizeof(float), cudaMemcpyHostToDevice));
-  LRC_CUDA(cudaMalloc(&op, static_cast<std::size_t>(H * kLatentDim) * sizeof(float)));
-  LRC_CUDA(cudaMalloc(&lp, static_cast<std::size_t>(H) * sizeof(float)));
-  LRC_CUDA(cudaMalloc(&out, static_cast<std::size_t>(H * kLatentDim) * sizeof(float)));
-  LRC_CUDA(cudaMalloc(&lse, static_cast<std::size_t>(H) * sizeof(float)));
+  CHECK_CUDA(cudaMalloc(&dtable, table.size() * sizeof(int32_t)));
+  CHECK_CUDA(cudaMalloc(&dlen, sizeof(int32_t)));
+  CHECK_CUDA(cudaMemcpy(dtable, table.data(), table.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(dlen, &seqlen, sizeof(int32_t), cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMalloc(&dq, q.size() * sizeof(float)));
+  CHECK_CUDA(cudaMemcpy(dq, q.data(), q.size() * sizeof(float), cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMalloc(&op, static_cast<std::size_t>(H * kLatentDim) * sizeof(float)));
+  CHECK_CUDA(cudaMalloc(&lp, static_cast<std::size_t>(H) * sizeof(float)));
+  CHECK_CUDA(cudaMalloc(&out, static_cast<std::size_t>(H * kLatentDim) * sizeof(float)));
+  CHECK_CUDA(cudaMalloc(&lse, static_cast<std::size_t>(H) * sizeof(float)));
   const Device d = Device::cuda(dev);
   const std::size_t cwb = cuda::dcp_combine_workspace_bytes(P, H, DcpCombine::kAllGather);
   void* cws = nullptr;
-  LRC_CUDA(cudaMalloc(&cws, std::max<std::size_t>(cwb, 16)));
+  CHECK_CUDA(cudaMalloc(&cws, std::max<std::size_t>(cwb, 16)));
   cudaEvent_t e0, e1, e2;
   cudaEventCreate(&e0);
   cudaEventCreate(&e1);
   cudaEventCreate(&e2);
   cudaDeviceProp prop;
-  LRC_CUDA(cudaGetDeviceProperties(&prop, dev));
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, dev));
   const int checked = std::min(o.check_layers, cache_layers);
   for (int ci = 0; ci < checked; ++ci) {
     // Spread the checked layers over the model (first, last, ...).
@@ -285,7 +266,7 @@ RankResult run_rank(Communicator& comm, const Options& o, int cache_layers, cons
     auto plan = cuda::plan_mla_attention(p);
     check(plan.status(), "plan_mla_attention");
     void* ws = nullptr;
-    LRC_CUDA(cudaMalloc(&ws, std::max<std::size_t>(plan->workspace_bytes, 16)));
+    CHECK_CUDA(cudaMalloc(&ws, std::max<std::size_t>(plan->workspace_bytes, 16)));
     check(comm.barrier(), "barrier");
     cudaEventRecord(e0, stream);
     check(cuda::run_mla_attention(p, *plan, ws, stream), "run_mla_attention");
@@ -301,7 +282,7 @@ RankResult run_rank(Communicator& comm, const Options& o, int cache_layers, cons
       res_lse = lse;
     }
     cudaEventRecord(e2, stream);
-    LRC_CUDA(cudaStreamSynchronize(stream));
+    CHECK_CUDA(cudaStreamSynchronize(stream));
     RankLayer rl;
     float a = 0, c = 0;
     cudaEventElapsedTime(&a, e0, e1);
@@ -311,13 +292,13 @@ RankResult run_rank(Communicator& comm, const Options& o, int cache_layers, cons
     if (r == 0) {
       rl.out.resize(static_cast<std::size_t>(H * kLatentDim));
       rl.lse.resize(static_cast<std::size_t>(H));
-      LRC_CUDA(cudaMemcpy(rl.out.data(), res_out, rl.out.size() * sizeof(float), cudaMemcpyDeviceToHost));
-      LRC_CUDA(cudaMemcpy(rl.lse.data(), res_lse, rl.lse.size() * sizeof(float), cudaMemcpyDeviceToHost));
+      CHECK_CUDA(cudaMemcpy(rl.out.data(), res_out, rl.out.size() * sizeof(float), cudaMemcpyDeviceToHost));
+      CHECK_CUDA(cudaMemcpy(rl.lse.data(), res_lse, rl.lse.size() * sizeof(float), cudaMemcpyDeviceToHost));
     }
     cudaFree(ws);
     // The records as stored -> host -> scalar codec -> float64 partial over this rank's tokens.
     std::vector<uint8_t> recs(static_cast<std::size_t>(local) * static_cast<std::size_t>(rb));
-    LRC_CUDA(cudaMemcpy(recs.data(), caches[static_cast<std::size_t>(l)], recs.size(), cudaMemcpyDeviceToHost));
+    CHECK_CUDA(cudaMemcpy(recs.data(), caches[static_cast<std::size_t>(l)], recs.size(), cudaMemcpyDeviceToHost));
     std::vector<float> keys(static_cast<std::size_t>(local) * kQkDim), lat_h(static_cast<std::size_t>(local) * kLatentDim),
         rope_h(static_cast<std::size_t>(local) * kRopeDim);
     CodecParams cp;
@@ -394,7 +375,7 @@ int main(int argc, char** argv) {
   if (!preset) die(fmt::format("--model: unknown preset '{}'", o.model));
   // The planner's figure for this deployment: tp = dcp = ranks on GPUs of this memory.
   std::size_t free_b = 0, total_b = 0;
-  LRC_CUDA(cudaMemGetInfo(&free_b, &total_b));
+  CHECK_CUDA(cudaMemGetInfo(&free_b, &total_b));
   PlanParams pp;
   pp.format = o.format;
   pp.gpus = o.ranks;
