@@ -282,11 +282,16 @@ int main(int argc, char** argv) {
               static_cast<double>(props->l2_bytes) / (1 << 20));
   std::printf("ceilings: device-to-device copy %.2f TB/s (read + write); bf16 GEMM 8192^3 (cuBLAS) %.1f TFLOP/s\n\n",
               copy, mm);
-  const std::vector<Shape> shapes = {{"decode", 64, 16, 1, 8192, 0},
-                                     {"decode", 64, 16, 1, 32768, 0},
-                                     {"decode", 128, 16, 1, 8192, 0},
-                                     {"decode", 64, 128, 2, 8192, 0},
-                                     {"sparse", 64, 128, 2, 32768, 2048}};
+  // Issue 12's shapes: memory-bound decode (H=16), compute-bound dense (H=128 s_q=2),
+  // sparse top-k 2048 at H=128/64, and the tensor-parallel sparse shapes (H=8/16 per GPU,
+  // s_q=1, B=1/8/64), which FlashMLA's Hopper kernel runs only with heads padded to 64.
+  const std::vector<Shape> shapes = {{"decode", 64, 16, 1, 8192, 0},   {"decode", 64, 16, 1, 32768, 0},
+                                     {"decode", 128, 16, 1, 8192, 0},  {"decode", 128, 16, 1, 32768, 0},
+                                     {"decode", 64, 128, 2, 8192, 0},  {"sparse", 64, 128, 2, 32768, 2048},
+                                     {"sparse", 64, 64, 2, 32768, 2048}, {"sparse", 1, 8, 1, 32768, 2048},
+                                     {"sparse", 8, 8, 1, 32768, 2048}, {"sparse", 64, 8, 1, 32768, 2048},
+                                     {"sparse", 1, 16, 1, 32768, 2048}, {"sparse", 8, 16, 1, 32768, 2048},
+                                     {"sparse", 64, 16, 1, 32768, 2048}};
   nlohmann::json j;
   j["device"] = props->name;
   j["copy_tbps"] = copy;

@@ -70,7 +70,7 @@ stamp "python tests done"
 
 if [ -n "${fm_pid:-}" ]; then
   wait "$fm_pid"; tail -2 "$OUT/flashmla_build.log"
-  PYTHONUNBUFFERED=1 timeout 240 python3 .ext/flashmla-bench/bench_flashmla.py --flashmla .ext/flashmla \
+  PYTHONUNBUFFERED=1 timeout 240 python3 tools/flashmla-bench/bench_flashmla.py --flashmla .ext/flashmla \
     --out "$OUT/flashmla.json" >"$OUT/flashmla.log" 2>&1; echo "flashmla bench exit $?"; tail -25 "$OUT/flashmla.log"
   stamp "flashmla done"
 fi
