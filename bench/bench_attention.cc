@@ -17,6 +17,8 @@
 
 #include <fmt/format.h>
 
+#include "cpu_bench_util.h"
+
 #include "mlakv/roofline.h"
 #include "mlakv/attention.h"
 #include "mlakv/thread_pool.h"
@@ -25,21 +27,9 @@ namespace {
 
 using namespace mlakv;
 
-int threads() {
-  static const int n = [] {
-    const char* e = std::getenv("MLAKV_THREADS");
-    return e ? std::max(1, std::atoi(e)) : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  }();
-  return n;
-}
-ThreadPool& pool() {
-  static ThreadPool p(threads());
-  return p;
-}
-double fma_ceiling() {
-  static const double g = cpu::measure_fma_gflops(0.5);
-  return g;
-}
+using bench::fma_ceiling;
+using bench::pool;
+using bench::threads;
 
 struct Workload {
   std::unique_ptr<KvCache> cache;

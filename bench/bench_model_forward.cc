@@ -24,6 +24,8 @@
 
 #include <fmt/format.h>
 
+#include "cpu_bench_util.h"
+
 #include "mlakv/model.h"
 #include "mlakv/numerics.h"
 #include "mlakv/roofline.h"
@@ -34,10 +36,7 @@ namespace {
 using namespace mlakv;
 namespace fs = std::filesystem;
 
-int threads() {
-  const char* e = std::getenv("MLAKV_THREADS");
-  return e ? std::max(1, std::atoi(e)) : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-}
+using bench::threads;
 
 constexpr int kD = 2048, kH = 16, kP = 128, kR = 64, kV = 128, kL = 512, kI = 10944, kMI = 1408, kE = 16, kVocab = 8192;
 

@@ -706,21 +706,29 @@ StatusOr<WeightEncoding> detect_weight_encoding(const TensorSource& src, std::st
       p, src.describe(), p, p, p, names_under(src, p)));
 }
 
-Status dequantize_weight(const TensorSource& src, std::string_view prefix, int64_t N, int64_t K,
-                         const WeightQuantOptions& opt, const TensorView& out) {
+namespace {
+
+// The checks and the encoding (given or detected) both entry points below start with.
+StatusOr<WeightEncoding> weight_encoding_for(const TensorSource& src, std::string_view prefix, int64_t N, int64_t K,
+                                             const WeightQuantOptions& opt) {
   if (N <= 0 || K <= 0) {
     return invalid_argument(fmt::format("N = {}, K = {}: both must be positive", N, K));
   }
-  MLAKV_RETURN_IF_ERROR(check_tensor(out, "out", {{DType::kF32, DType::kBF16}, {N, K}}, Device::cpu()));
-  if (!out.is_contiguous()) {
-    return invalid_argument(fmt::format("out: expected a contiguous [{}, {}] tensor", N, K));
+  if (opt.encoding) return *opt.encoding;
+  return detect_weight_encoding(src, prefix);
+}
+
+}  // namespace
+
+Status dequantize_weight(const TensorSource& src, std::string_view prefix, int64_t N, int64_t K,
+                         const WeightQuantOptions& opt, const TensorView& out) {
+  if (N > 0 && K > 0) {
+    MLAKV_RETURN_IF_ERROR(check_tensor(out, "out", {{DType::kF32, DType::kBF16}, {N, K}}, Device::cpu()));
+    if (!out.is_contiguous()) {
+      return invalid_argument(fmt::format("out: expected a contiguous [{}, {}] tensor", N, K));
+    }
   }
-  WeightEncoding enc;
-  if (opt.encoding) {
-    enc = *opt.encoding;
-  } else {
-    MLAKV_ASSIGN_OR_RETURN(enc, detect_weight_encoding(src, prefix));
-  }
+  MLAKV_ASSIGN_OR_RETURN(const WeightEncoding enc, weight_encoding_for(src, prefix, N, K, opt));
   const Layer layer{src, normalize_prefix(prefix), enc};
   try {
     if (out.dtype == DType::kF32) return run(layer, N, K, opt, F32Sink{out.ptr<float>(), K});
@@ -732,15 +740,7 @@ Status dequantize_weight(const TensorSource& src, std::string_view prefix, int64
 
 Status check_weight_storage(const TensorSource& src, std::string_view prefix, int64_t N, int64_t K,
                             const WeightQuantOptions& opt) {
-  if (N <= 0 || K <= 0) {
-    return invalid_argument(fmt::format("N = {}, K = {}: both must be positive", N, K));
-  }
-  WeightEncoding enc;
-  if (opt.encoding) {
-    enc = *opt.encoding;
-  } else {
-    MLAKV_ASSIGN_OR_RETURN(enc, detect_weight_encoding(src, prefix));
-  }
+  MLAKV_ASSIGN_OR_RETURN(const WeightEncoding enc, weight_encoding_for(src, prefix, N, K, opt));
   const Layer layer{src, normalize_prefix(prefix), enc};
   try {
     return run(layer, N, K, opt, CheckOnlySink{});
