@@ -304,7 +304,7 @@ TEST_F(CliUser, CodecStatsPerPart) {
   CliRun r = run("codec stats --format all --in " + path("in.f32") + " --json");
   ASSERT_EQ(r.rc, 0) << r.err;
   Json j = json_of(r);
-  ASSERT_EQ(j["formats"].size(), 5u);
+  ASSERT_EQ(j["formats"].size(), 6u);
   std::map<std::string, Json> by;
   for (const Json& f : j["formats"]) by[f["format"].get<std::string>()] = f;
   EXPECT_EQ(by["f32"]["latent"]["rel_l2"].get<double>(), 0.0);
@@ -318,6 +318,22 @@ TEST_F(CliUser, CodecStatsPerPart) {
   EXPECT_NEAR(by["nvfp4_ds_mla"]["scales"]["max_rel_err"].get<double>(), 0.03125, 1e-6);
   EXPECT_EQ(by["nvfp4_ds_mla"]["scales"]["subnormal_group_scales"], 0);
   EXPECT_GT(by["nvfp4_ds_mla_fp8rope"]["rope"]["rel_l2"].get<double>(), 0.0);
+  // int8 rope (amax 1, rs = f32(1/127)): 0.25 / rs = 31.75 -> 32, so 0.25 decodes to 32/127 and
+  // 0.75 to 95/127; 0.5 to 64/127 (63.5 ties to even), 1 to 127/127 exactly. The latent is nvfp4's.
+  {
+    double num = 0, den = 0;
+    for (int d = 512; d < 576; ++d) {
+      const int k = (d % 9) - 4;  // v = k / 4, q = its int8 code derived above
+      const int q = k == 0 ? 0 : (k < 0 ? -1 : 1) * (std::abs(k) == 4 ? 127 : std::abs(k) == 3 ? 95 : std::abs(k) == 2 ? 64 : 32);
+      const double e = q / 127.0 - k / 4.0;
+      num += e * e;
+      den += (k / 4.0) * (k / 4.0);
+    }
+    EXPECT_NEAR(by["nvfp4_ds_mla_int8rope"]["rope"]["rel_l2"].get<double>(), std::sqrt(num / den), 1e-6);
+  }
+  EXPECT_NEAR(by["nvfp4_ds_mla_int8rope"]["latent"]["rel_l2"].get<double>(), 0.03125, 1e-7);
+  EXPECT_LT(by["nvfp4_ds_mla_int8rope"]["rope"]["rel_l2"].get<double>(),
+            by["nvfp4_ds_mla_fp8rope"]["rope"]["rel_l2"].get<double>());
   r = run("codec stats --format nvfp4_ds_mla --in " + path("in.f32"));
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_NE(r.out.find("3.125e-02"), std::string::npos) << r.out;
@@ -493,7 +509,7 @@ TEST_F(CliUser, DemoFiguresAreRightAndDiscriminate) {
     EXPECT_GE(f["needle_weight"].get<double>(), 0.0);
     EXPECT_LE(f["needle_weight"].get<double>(), 1.0);
   }
-  ASSERT_EQ(by.size(), 5u);
+  ASSERT_EQ(by.size(), 6u);
   // The query's RoPE part is live: fp8 RoPE changes the output (it was identical to 16 digits).
   EXPECT_NE(by["nvfp4_ds_mla"]["out_rel_l2"].get<double>(), by["nvfp4_ds_mla_fp8rope"]["out_rel_l2"].get<double>());
   // The needle's weight separates the formats: bf16 stays close to the reference, nvfp4 not.
@@ -537,7 +553,8 @@ TEST_F(CliUser, FormatsListTheIndexerRecordAndVllmNames) {
                                              {"fp8_ds_mla", "fp8_ds_mla"},
                                              {"nvfp4_ds_mla", "nvfp4_ds_mla"},
                                              {"nvfp4_ds_mla_fp8rope", "nvfp4_ds_mla with KV_FP8_ROPE=1"},
-                                             {"f32", "none"}};
+                                             {"f32", "none"},
+                                             {"nvfp4_ds_mla_int8rope", "none"}};
   for (const Json& f : j["formats"]) {
     const std::string v = f["vllm_kv_cache_dtype"].get<std::string>();
     EXPECT_EQ(v.rfind(want.at(f["name"].get<std::string>()), 0), 0u) << v;

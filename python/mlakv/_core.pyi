@@ -15,10 +15,11 @@ def formats() -> list[dict[str, Any]]:
     """Every record format: name, record_bytes, has_outer_scale, summary, regions [(offset, bytes, what)]."""
 def record_bytes(format: str) -> int: ...
 def encode(latent: Array, rope: Array, format: str, *, outer_scale: float = 1.0, fp8_scales: str = "pow2",
-           out: Optional[Array] = None) -> npt.NDArray[np.uint8]:
-    """latent [n, 512], rope [n, 64] (f32 or bf16, CPU) -> records [n, record_bytes] uint8 (into `out` if given)."""
+           out: Optional[Array] = None, token_scale: bool = False) -> npt.NDArray[np.uint8]:
+    """latent [n, 512], rope [n, 64] (f32 or bf16, CPU) -> records [n, record_bytes] uint8 (into `out` if given).
+    token_scale: the nvfp4 per-token scale mode (s_t at bytes [292, 296); replaces outer_scale)."""
 def decode(records: Array, format: str, *, outer_scale: float = 1.0, latent_dim: int = 512,
-           rope_dim: int = 64) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
+           rope_dim: int = 64, token_scale: bool = False) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
     """records [n, record_bytes] uint8 -> (latent [n, 512], rope [n, 64]) float32."""
 def write_cache(kv_cache: Array, slot_mapping: Array, latent: Array, rope: Array, *, format: str,
                 outer_scale: float = 1.0, fp8_scales: str = "pow2", stream: int = 0) -> None:

@@ -369,8 +369,9 @@ nb::object merge_states(const AnyArray& o_parts, const AnyArray& lse_parts, std:
 // ---- codecs -----------------------------------------------------------------------------------------
 
 nb::object encode(const AnyArray& latent, const AnyArray& rope, const std::string& format, float outer_scale,
-                  const std::string& fp8_scales, std::optional<AnyMutArray> out) {
+                  const std::string& fp8_scales, std::optional<AnyMutArray> out, bool token_scale) {
   CodecParams p{format_of(format), outer_scale, fp8_mode_of(fp8_scales)};
+  p.token_scale = token_scale;
   const TensorView lv = view_of(latent, "latent"), rv = view_of(rope, "rope");
   require_cpu(lv, "latent");
   require_cpu(rv, "rope");
@@ -394,8 +395,8 @@ nb::object encode(const AnyArray& latent, const AnyArray& rope, const std::strin
 }
 
 std::tuple<nb::object, nb::object> decode(const AnyArray& records, const std::string& format, float outer_scale,
-                                          int latent_dim, int rope_dim) {
-  CodecParams p{format_of(format), outer_scale, Fp8ScaleMode::kPow2, latent_dim, rope_dim};
+                                          int latent_dim, int rope_dim, bool token_scale) {
+  CodecParams p{format_of(format), outer_scale, Fp8ScaleMode::kPow2, latent_dim, rope_dim, token_scale};
   const TensorView r = view_of(records, "records");
   require_cpu(r, "records");
   if (r.ndim != 2) throw nb::value_error(("records: expected [n, record_bytes], got " + r.shape_string()).c_str());
@@ -507,9 +508,9 @@ NB_MODULE(_core, m) {
   m.def("record_bytes", [](const std::string& format) { return record_bytes(format_of(format)); }, "format"_a);
 
   m.def("encode", &encode, "latent"_a, "rope"_a, "format"_a, nb::kw_only(), "outer_scale"_a = 1.0f,
-        "fp8_scales"_a = "pow2", "out"_a = nb::none());
+        "fp8_scales"_a = "pow2", "out"_a = nb::none(), "token_scale"_a = false);
   m.def("decode", &decode, "records"_a, "format"_a, nb::kw_only(), "outer_scale"_a = 1.0f,
-        "latent_dim"_a = kLatentDim, "rope_dim"_a = kRopeDim);
+        "latent_dim"_a = kLatentDim, "rope_dim"_a = kRopeDim, "token_scale"_a = false);
   m.def("write_cache", &write_cache, "kv_cache"_a, "slot_mapping"_a, "latent"_a, "rope"_a, nb::kw_only(),
         "format"_a, "outer_scale"_a = 1.0f, "fp8_scales"_a = "pow2", "stream"_a = 0);
 

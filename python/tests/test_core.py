@@ -10,7 +10,7 @@ import pytest
 import mlakv
 import reference as ref
 
-FORMATS = ["bf16", "fp8_ds_mla", "nvfp4_ds_mla", "nvfp4_ds_mla_fp8rope", "f32"]
+FORMATS = ["bf16", "fp8_ds_mla", "nvfp4_ds_mla", "nvfp4_ds_mla_fp8rope", "f32", "nvfp4_ds_mla_int8rope"]
 
 
 def latents(rng, n):
@@ -35,7 +35,7 @@ def test_formats_table():
             assert off == end
             end = off + nbytes
         assert end == f["record_bytes"]
-    assert [fm[n]["record_bytes"] for n in FORMATS] == [1152, 656, 432, 368, 2304]
+    assert [fm[n]["record_bytes"] for n in FORMATS] == [1152, 656, 432, 368, 2304, 368]
     if cli:
         out = json.loads(subprocess.run([cli, "formats", "--json"], check=True, capture_output=True).stdout)
         rows = out["formats"] if isinstance(out, dict) else out
@@ -57,12 +57,32 @@ def test_encode_decode_against_numpy_reader(rng, fmt):
     np.testing.assert_array_equal(l2.astype(np.float64), lr.astype(np.float32).astype(np.float64))
     np.testing.assert_array_equal(r2.astype(np.float64), rr.astype(np.float32).astype(np.float64))
     # And the round trip is close to the input (loose: each format's own rounding).
-    tol = {"bf16": 1e-2, "fp8_ds_mla": 0.07, "nvfp4_ds_mla": 0.5, "nvfp4_ds_mla_fp8rope": 0.5, "f32": 0}[fmt]
+    tol = {"bf16": 1e-2, "fp8_ds_mla": 0.07, "nvfp4_ds_mla": 0.5, "nvfp4_ds_mla_fp8rope": 0.5, "f32": 0,
+           "nvfp4_ds_mla_int8rope": 0.5}[fmt]
     if tol == 0:  # unquantized: the values themselves
         np.testing.assert_array_equal(l2, lat)
         np.testing.assert_array_equal(r2, rope)
     else:
         assert np.linalg.norm(l2 - lat) / np.linalg.norm(lat) < tol
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4_ds_mla", "nvfp4_ds_mla_fp8rope", "nvfp4_ds_mla_int8rope"])
+def test_token_scale_mode_against_numpy_reader(rng, fmt):
+    lat, rope = latents(rng, 65)
+    lat[3] *= 1e-3  # a small-magnitude token
+    lat[4] = 0.0  # s_t = 0, zero codes
+    rec = mlakv.encode(lat, rope, fmt, token_scale=True)
+    st = rec[:, 292:296].copy().view(np.float32)[:, 0]
+    # s_t = token_amax * f32(1/2688), the fork's constant (b12x kv_cache.py _TWO_LEVEL_RCP)
+    np.testing.assert_array_equal(st, np.abs(lat).max(axis=1) * np.float32(1.0 / 2688.0))
+    assert not rec[4, :288].any()
+    l2, r2 = mlakv.decode(rec, fmt, token_scale=True)
+    lr, rr = ref.decode(rec, fmt, token_scale=True)
+    np.testing.assert_array_equal(l2, lr.astype(np.float32))
+    np.testing.assert_array_equal(r2, rr.astype(np.float32))
+    assert np.linalg.norm(l2[3] - lat[3]) / np.linalg.norm(lat[3]) < 0.2
+    with pytest.raises(ValueError, match="token_scale"):
+        mlakv.encode(lat, rope, "fp8_ds_mla", token_scale=True)
 
 
 def test_encode_writes_into_the_callers_buffer(rng):
