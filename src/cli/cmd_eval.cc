@@ -23,7 +23,8 @@ namespace {
 namespace fs = std::filesystem;
 
 struct EvalArgs {
-  std::string model, text, tokens, formats = "bf16,fp8_ds_mla,nvfp4_ds_mla,nvfp4_ds_mla_fp8rope", scales, plot;
+  std::string model, text, tokens, formats = "bf16,fp8_ds_mla,nvfp4_ds_mla,nvfp4_ds_mla_fp8rope,nvfp4_ds_mla_int8rope",
+              scales, plot;
   int64_t context = 2048, windows = 32, calib_windows = 4;
   int needle = 0, threads = 0, block_size = kDefaultBlockSize;
   bool json = false;
