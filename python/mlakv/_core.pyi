@@ -22,7 +22,7 @@ def decode(records: Array, format: str, *, outer_scale: float = 1.0, latent_dim:
            rope_dim: int = 64, token_scale: bool = False) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
     """records [n, record_bytes] uint8 -> (latent [n, 512], rope [n, 64]) float32."""
 def write_cache(kv_cache: Array, slot_mapping: Array, latent: Array, rope: Array, *, format: str,
-                outer_scale: float = 1.0, fp8_scales: str = "pow2", stream: int = 0) -> None:
+                outer_scale: float = 1.0, fp8_scales: str = "pow2", stream: int = 0, token_scale: bool = False) -> None:
     """vLLM's concat_and_cache_mla: kv_cache [num_blocks, block_size, record_bytes] uint8 (written in place),
     slot_mapping [n] int64/int32 (-1 = padding, skipped), latent [n, 512], rope [n, 64]. All or nothing."""
 
@@ -39,11 +39,13 @@ class CacheLayer:
     @property
     def outer_scale(self) -> float: ...
     @property
+    def token_scale(self) -> bool: ...
+    @property
     def device(self) -> str: ...
     def tensor(self) -> npt.NDArray[np.uint8]:
         """The layer's bytes [num_blocks, block_size, record_bytes] (a view, no copy)."""
 
-def cache_layer(kv_cache: Array, format: str, *, outer_scale: float = 1.0) -> CacheLayer:
+def cache_layer(kv_cache: Array, format: str, *, outer_scale: float = 1.0, token_scale: bool = False) -> CacheLayer:
     """Wraps a caller's [num_blocks, block_size, record_bytes] uint8 tensor (no copy)."""
 
 class PagedCache:

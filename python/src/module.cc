@@ -160,7 +160,8 @@ struct CacheLayer {
   nb::object owner;  // keeps the memory alive
 };
 
-CacheLayer cache_layer_from_tensor(nb::handle obj, const AnyMutArray& kv, const std::string& format, float outer_scale) {
+CacheLayer cache_layer_from_tensor(nb::handle obj, const AnyMutArray& kv, const std::string& format, float outer_scale,
+                                   bool token_scale = false) {
   const TensorView t = view_of(kv, "kv_cache");
   const KvFormat f = format_of(format);
   if (t.dtype != DType::kU8 || t.ndim != 3) {
@@ -179,6 +180,7 @@ CacheLayer cache_layer_from_tensor(nb::handle obj, const AnyMutArray& kv, const 
   c.view.record_bytes = static_cast<int>(t.size(2));
   c.view.format = f;
   c.view.outer_scale = outer_scale;
+  c.view.token_scale = token_scale;
   c.view.device = t.device;
   check(check_cache_view(c.view, "kv_cache"));
   c.owner = nb::borrow(obj);
@@ -415,9 +417,9 @@ std::tuple<nb::object, nb::object> decode(const AnyArray& records, const std::st
 
 void write_cache(const AnyMutArray& kv_cache, const AnyArray& slot_mapping, const AnyArray& latent,
                  const AnyArray& rope, const std::string& format, float outer_scale, const std::string& fp8_scales,
-                 uintptr_t stream) {
+                 uintptr_t stream, bool token_scale) {
   nb::object holder = nb::cast(kv_cache);
-  CacheLayer layer = cache_layer_from_tensor(holder, kv_cache, format, outer_scale);
+  CacheLayer layer = cache_layer_from_tensor(holder, kv_cache, format, outer_scale, token_scale);
   const TensorView s = view_of(slot_mapping, "slot_mapping"), l = view_of(latent, "latent"), r = view_of(rope, "rope");
   const Fp8ScaleMode mode = fp8_mode_of(fp8_scales);
   if (layer.view.device.type == DeviceType::kCuda) {
@@ -512,7 +514,7 @@ NB_MODULE(_core, m) {
   m.def("decode", &decode, "records"_a, "format"_a, nb::kw_only(), "outer_scale"_a = 1.0f,
         "latent_dim"_a = kLatentDim, "rope_dim"_a = kRopeDim, "token_scale"_a = false);
   m.def("write_cache", &write_cache, "kv_cache"_a, "slot_mapping"_a, "latent"_a, "rope"_a, nb::kw_only(),
-        "format"_a, "outer_scale"_a = 1.0f, "fp8_scales"_a = "pow2", "stream"_a = 0);
+        "format"_a, "outer_scale"_a = 1.0f, "fp8_scales"_a = "pow2", "stream"_a = 0, "token_scale"_a = false);
 
   nb::class_<CacheLayer>(m, "CacheLayer")
       .def_prop_ro("num_blocks", [](const CacheLayer& c) { return c.view.num_blocks; })
@@ -520,15 +522,16 @@ NB_MODULE(_core, m) {
       .def_prop_ro("record_bytes", [](const CacheLayer& c) { return c.view.record_bytes; })
       .def_prop_ro("format", [](const CacheLayer& c) { return std::string(format_name(c.view.format)); })
       .def_prop_ro("outer_scale", [](const CacheLayer& c) { return c.view.outer_scale; })
+      .def_prop_ro("token_scale", [](const CacheLayer& c) { return c.view.token_scale; })
       .def_prop_ro("device", [](const CacheLayer& c) { return device_name(c.view.device); })
       .def("tensor", [](const CacheLayer& c) {
         const size_t shape[3] = {static_cast<size_t>(c.view.num_blocks), static_cast<size_t>(c.view.block_size),
                                  static_cast<size_t>(c.view.record_bytes)};
         return nb::ndarray<nb::numpy, uint8_t>(c.view.data, 3, shape, c.owner);
       }, "The layer's bytes as a [num_blocks, block_size, record_bytes] uint8 array (a view, no copy).");
-  m.def("cache_layer", [](nb::handle kv, const std::string& format, float outer_scale) {
-    return cache_layer_from_tensor(kv, nb::cast<AnyMutArray>(kv), format, outer_scale);
-  }, "kv_cache"_a, "format"_a, nb::kw_only(), "outer_scale"_a = 1.0f);
+  m.def("cache_layer", [](nb::handle kv, const std::string& format, float outer_scale, bool token_scale) {
+    return cache_layer_from_tensor(kv, nb::cast<AnyMutArray>(kv), format, outer_scale, token_scale);
+  }, "kv_cache"_a, "format"_a, nb::kw_only(), "outer_scale"_a = 1.0f, "token_scale"_a = false);
 
   nb::class_<PagedCache>(m, "PagedCache")
       .def(nb::init<int64_t, int, int, std::vector<std::string>, std::vector<double>, const std::string&>(),

@@ -171,6 +171,32 @@ def test_vllm_style_kv_cache_tensor_used_in_place(rng):
     assert np.all(scales > 0) and np.all(np.log2(scales) == np.round(np.log2(scales)))  # pow2 tile scales
 
 
+@pytest.mark.parametrize("fmt", ["nvfp4_ds_mla_fp8rope", "nvfp4_ds_mla_int8rope"])
+def test_token_scale_kv_cache_written_and_attended(rng, fmt):
+    # The vLLM-style path in the per-token scale mode: write_cache stores s_t, cache_layer
+    # reads it back for mla_decode; against the numpy reader and float64 attention.
+    nb, bs, T, H = 4, 16, 40, 4
+    rb = mlakv.record_bytes(fmt)
+    kv = np.zeros((nb, bs, rb), dtype=np.uint8)
+    lat, rope = latents(rng, T)
+    lat[5] *= 1e-3
+    slots = np.arange(T, dtype=np.int64) + 3
+    mlakv.write_cache(kv, slots, lat, rope, format=fmt, token_scale=True)
+    flat = kv.reshape(-1, rb)
+    np.testing.assert_array_equal(flat[slots], mlakv.encode(lat, rope, fmt, token_scale=True))
+    layer = mlakv.cache_layer(kv, fmt, token_scale=True)
+    assert layer.token_scale
+    q = rng.standard_normal((1, 1, H, 576)).astype(np.float32)
+    idx = slots[None, None, :].astype(np.int32)
+    out, lse = mlakv.mla_decode(q, layer, softmax_scale=0.1, indices=idx)
+    kl, kr = ref.decode(flat[slots], fmt, token_scale=True)
+    ro, rl = ref.attention(q[0, 0], np.concatenate([kl, kr], axis=1), 0.1, T)
+    np.testing.assert_allclose(out[0, 0], ro, rtol=0, atol=2e-4 * np.abs(ro).max() + 1e-6)
+    np.testing.assert_allclose(lse[0, 0], rl, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="token_scale"):
+        mlakv.cache_layer(kv, fmt, token_scale=True, outer_scale=0.5)
+
+
 def test_merge_attn_states_against_numpy(rng):
     P, N, D = 3, 5, 512
     o = rng.standard_normal((P, N, D)).astype(np.float32)
