@@ -139,6 +139,15 @@ TEST_F(EvalCli, GenerateReportsSpeedAndRefusesBadFormats) {
   r = run("generate --model " + kTiny + " --prompt hello");
   EXPECT_EQ(r.rc, 1);
   EXPECT_NE(r.err.find("tokenizer"), std::string::npos) << r.err;
+  // The per-token scale mode on the shipped model (it has a tokenizer); only nvfp4 formats.
+  const std::string shipped = std::string(MLAKV_SOURCE_DIR) + "/models/mlakv-ds3-tiny";
+  r = run("generate --model " + shipped + " --prompt Hello --max-tokens 3 --format nvfp4_ds_mla_int8rope+token-scale --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["format"], "nvfp4_ds_mla_int8rope");
+  EXPECT_EQ(nlohmann::json::parse(r.out)["token_scale"], true);
+  r = run("generate --model " + shipped + " --prompt Hello --format fp8_ds_mla+token-scale");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("+token-scale is a mode of the nvfp4 formats only"), std::string::npos) << r.err;
 }
 
 TEST_F(EvalCli, CalibrateFromTokensEqualsTheLibrary) {

@@ -51,7 +51,8 @@ def cache_layer(kv_cache: Array, format: str, *, outer_scale: float = 1.0, token
 class PagedCache:
     def __init__(self, num_blocks: int, *, block_size: int = 64, num_layers: int = 1,
                  formats: Sequence[str] = ("bf16",), outer_scales: Sequence[float] = (),
-                 fp8_scales: str = "pow2") -> None: ...
+                 fp8_scales: str = "pow2", token_scale: bool = False) -> None:
+        """token_scale: every layer in the nvfp4 per-token scale mode (nvfp4 formats, no outer_scales)."""
     def add_sequence(self) -> int: ...
     def append(self, seq: int, n: int) -> npt.NDArray[np.int64]:
         """Reserves n tokens; returns their slot ids [n]. All or nothing (MemoryError when full)."""

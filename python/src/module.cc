@@ -190,7 +190,7 @@ CacheLayer cache_layer_from_tensor(nb::handle obj, const AnyMutArray& kv, const 
 class PagedCache {
  public:
   PagedCache(int64_t num_blocks, int block_size, int num_layers, std::vector<std::string> formats,
-             std::vector<double> outer_scales, const std::string& fp8_scales) {
+             std::vector<double> outer_scales, const std::string& fp8_scales, bool token_scale) {
     KvCache::Config cfg;
     cfg.num_blocks = num_blocks;
     cfg.block_size = block_size;
@@ -210,6 +210,7 @@ class PagedCache {
       LayerFormat lf;
       lf.format = format_of(formats[formats.size() == 1 ? 0 : static_cast<size_t>(l)]);
       if (!outer_scales.empty()) lf.outer_scale = static_cast<float>(outer_scales[static_cast<size_t>(l)]);
+      lf.token_scale = token_scale;
       cfg.layers.push_back(lf);
     }
     cache_ = value(PagedKvCache::create_cpu(cfg));
@@ -534,10 +535,10 @@ NB_MODULE(_core, m) {
   }, "kv_cache"_a, "format"_a, nb::kw_only(), "outer_scale"_a = 1.0f, "token_scale"_a = false);
 
   nb::class_<PagedCache>(m, "PagedCache")
-      .def(nb::init<int64_t, int, int, std::vector<std::string>, std::vector<double>, const std::string&>(),
+      .def(nb::init<int64_t, int, int, std::vector<std::string>, std::vector<double>, const std::string&, bool>(),
            "num_blocks"_a, nb::kw_only(), "block_size"_a = kDefaultBlockSize, "num_layers"_a = 1,
            "formats"_a = std::vector<std::string>{"bf16"}, "outer_scales"_a = std::vector<double>{},
-           "fp8_scales"_a = "pow2")
+           "fp8_scales"_a = "pow2", "token_scale"_a = false)
       .def("add_sequence", &PagedCache::add_sequence)
       .def("append", &PagedCache::append, "seq"_a, "n"_a)
       .def("fork", &PagedCache::fork, "seq"_a)

@@ -197,6 +197,19 @@ def test_token_scale_kv_cache_written_and_attended(rng, fmt):
         mlakv.cache_layer(kv, fmt, token_scale=True, outer_scale=0.5)
 
 
+def test_paged_cache_in_token_scale_mode(rng):
+    lat, rope = latents(rng, 30)
+    cache = mlakv.PagedCache(num_blocks=2, block_size=16, formats=["nvfp4_ds_mla"], token_scale=True)
+    seq = cache.add_sequence()
+    slots = cache.append(seq, 30)
+    cache.write(0, slots, lat, rope)
+    assert cache.layer(0).token_scale
+    rec = cache.layer(0).tensor().reshape(-1, 432)[slots]
+    np.testing.assert_array_equal(rec, mlakv.encode(lat, rope, "nvfp4_ds_mla", token_scale=True))
+    with pytest.raises(ValueError, match="token_scale"):
+        mlakv.PagedCache(num_blocks=2, block_size=16, formats=["bf16"], token_scale=True)
+
+
 def test_merge_attn_states_against_numpy(rng):
     P, N, D = 3, 5, 512
     o = rng.standard_normal((P, N, D)).astype(np.float32)

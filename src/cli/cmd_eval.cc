@@ -218,10 +218,19 @@ Status run_generate(const GenArgs& a) {
   }
   if (a.threads < 0) return invalid_argument(fmt::format("--threads must be >= 0 (0 = all cores), got {}", a.threads));
   EvalCacheSpec spec;
-  // "reference" is the unquantized f32 record format, the reference `eval` measures against.
-  const auto f = a.format == "reference" ? std::optional<KvFormat>(KvFormat::kF32) : parse_format(a.format);
-  if (!f) return invalid_argument(fmt::format("--format: unknown format '{}'", a.format));
+  // "reference" is the unquantized f32 record format, the reference `eval` measures against;
+  // an nvfp4 format + "+token-scale" is that format in the per-token scale mode.
+  constexpr std::string_view kTokenScaleSuffix = "+token-scale";
+  const bool ts = a.format.size() > kTokenScaleSuffix.size() && a.format.ends_with(kTokenScaleSuffix);
+  const std::string name = ts ? a.format.substr(0, a.format.size() - kTokenScaleSuffix.size()) : a.format;
+  const auto f = name == "reference" ? std::optional<KvFormat>(KvFormat::kF32) : parse_format(name);
+  if (!f) return invalid_argument(fmt::format("--format: unknown format '{}'", name));
+  if (ts && !is_nvfp4_format(*f)) {
+    return invalid_argument(fmt::format("--format {}: +token-scale is a mode of the nvfp4 formats only", a.format));
+  }
   spec.format = *f;
+  spec.token_scale = ts;
+  if (ts) spec.scales_label = "token";
   MLAKV_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::load(a.model, ModelLoadOptions{.threads = a.threads}));
   MLAKV_ASSIGN_OR_RETURN(Tokenizer tok, tokenizer_for(a.model, *model));
   MLAKV_ASSIGN_OR_RETURN(std::vector<int32_t> prompt, tok.encode(a.prompt, true));
@@ -238,6 +247,7 @@ Status run_generate(const GenArgs& a) {
   const double decode_tps = g.decode_seconds > 0 ? g.tokens.size() / g.decode_seconds : 0;
   if (a.json) {
     const nlohmann::json j = {{"format", std::string(format_name(spec.format))},
+                              {"token_scale", spec.token_scale},
                               {"prompt_tokens", prompt.size()},
                               {"generated_tokens", g.tokens.size()},
                               {"tokens", g.tokens},
@@ -338,7 +348,9 @@ void add_eval_command(Cli& cli) {
   auto* gen = cli.app.add_subcommand("generate", "Greedy decoding through the paged cache in a record format");
   gen->add_option("--model", g->model, "Hugging Face checkpoint directory")->required();
   gen->add_option("--prompt", g->prompt, "prompt text")->required();
-  gen->add_option("--format", g->format, "cache record format (f32: the unquantized reference eval measures against)")
+  gen->add_option("--format", g->format,
+                  "cache record format (f32: the unquantized reference eval measures against; an nvfp4 format + "
+                  "'+token-scale': the per-token scale mode)")
       ->capture_default_str();
   gen->add_option("--max-tokens", g->max_tokens, "tokens to generate at most (stops at EOS)")->capture_default_str();
   gen->add_option("--threads", g->threads, "CPU threads (0 = all cores)")->capture_default_str();
