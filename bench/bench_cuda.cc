@@ -212,7 +212,7 @@ std::vector<Result> run_shape(KvFormat f, const Shape& sh, int reps, double copy
   return results;
 }
 
-double writer_gbps(KvFormat f, int reps, curandGenerator_t gen) {
+double writer_gbps(KvFormat f, int reps, curandGenerator_t gen, bool token_scale = false) {
   const int64_t n = 262144;
   const int rb = record_bytes(f);
   uint8_t* cache;
@@ -234,6 +234,7 @@ double writer_gbps(KvFormat f, int reps, curandGenerator_t gen) {
   v.block_size = 64;
   v.record_bytes = rb;
   v.format = f;
+  v.token_scale = token_scale;
   v.device = Device::cuda(0);
   const double ms = time_ms(reps, [&] {
     check(cuda::write_cache(v, TensorView::contiguous(slots, DType::kI64, {n}, v.device),
@@ -342,9 +343,13 @@ int main(int argc, char** argv) {
   std::printf("\ncache writers (262144 tokens, f32 input, shuffled slots; bytes = input read + slot + record written):\n");
   for (const FormatInfo& fi : all_formats()) {
     if ((!only.empty() && fi.name != only) || only_shape >= 0 || fi.format == KvFormat::kF32) continue;
-    const double g = writer_gbps(fi.format, reps, gen);
-    std::printf("  %-22s %8.1f GB/s (%.1f%% of copy)\n", std::string(fi.name).c_str(), g, 100 * g / (copy * 1e3));
-    j["writers"].push_back({{"format", std::string(fi.name)}, {"gbps", g}});
+    for (const bool ts : {false, true}) {
+      if (ts && !is_nvfp4_format(fi.format)) continue;
+      const double g = writer_gbps(fi.format, reps, gen, ts);
+      const std::string name = std::string(fi.name) + (ts ? "+token-scale" : "");
+      std::printf("  %-34s %8.1f GB/s (%.1f%% of copy)\n", name.c_str(), g, 100 * g / (copy * 1e3));
+      j["writers"].push_back({{"format", std::string(fi.name)}, {"token_scale", ts}, {"gbps", g}});
+    }
   }
   if (!json_path.empty()) {
     std::ofstream(json_path) << j.dump(2) << "\n";

@@ -113,11 +113,12 @@ BENCHMARK(BM_MatmulBf16)->Apply(Shapes)->Unit(benchmark::kMillisecond)->MinTime(
 
 // Cache writers: the scalar codec (PagedKvCache::write, the spec) against the runner's
 // SIMD writer (write_records_simd, src/model/record_writer.h) on 4096 tokens.
-// Args: format, simd (0/1).
+// Args: format, simd (0/1), token_scale (0/1: the nvfp4 per-token scale mode).
 //   in_GB/s   float32 input bytes (576 x 4 per token) encoded per second
 void BM_CacheWrite(benchmark::State& state) {
   const auto f = static_cast<KvFormat>(state.range(0));
   const bool simd = state.range(1) != 0;
+  const bool token_scale = state.range(2) != 0;
   const int64_t n = 4096;
   static std::vector<float> lat, rope;
   static std::vector<int64_t> slots;
@@ -133,7 +134,7 @@ void BM_CacheWrite(benchmark::State& state) {
   }
   KvCache::Config c;
   c.num_blocks = n / kDefaultBlockSize;
-  c.layers = {LayerFormat{f, 1.0f}};
+  c.layers = {LayerFormat{f, 1.0f, token_scale}};
   auto cache = std::move(PagedKvCache::create_cpu(c).value());
   const TensorView lv = TensorView::contiguous(lat.data(), DType::kF32, {n, kLatentDim});
   const TensorView rv = TensorView::contiguous(rope.data(), DType::kF32, {n, kRopeDim});
@@ -141,13 +142,15 @@ void BM_CacheWrite(benchmark::State& state) {
     const Status st = simd ? write_records_simd(*cache, 0, slots, lv, rv, &pool()) : cache->write(0, slots, lv, rv);
     if (!st.ok()) state.SkipWithError(st.to_string().c_str());
   }
-  state.SetLabel(fmt::format("{} {} threads={}", format_name(f), simd ? "simd" : "scalar", simd ? threads() : 1));
+  state.SetLabel(fmt::format("{}{} {} threads={}", format_name(f), token_scale ? "+token-scale" : "",
+                             simd ? "simd" : "scalar", simd ? threads() : 1));
   state.counters["in_GB/s"] = benchmark::Counter(static_cast<double>(n) * (kLatentDim + kRopeDim) * 4e-9,
                                                  benchmark::Counter::kIsIterationInvariantRate);
   state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(n), benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(BM_CacheWrite)
-    ->ArgsProduct({{0, 1, 2, 3}, {0, 1}})
+    ->ArgsProduct({{0, 1, 2, 3, 5}, {0, 1}, {0}})
+    ->ArgsProduct({{2, 3, 5}, {0, 1}, {1}})
     ->Unit(benchmark::kMillisecond)
     ->MinTime(0.3)
     ->UseRealTime();

@@ -22,6 +22,6 @@ REPARAM="$ROOT/build/mlakv-ds3-tiny-glm52-latents"
 rm -rf "$REPARAM"
 "$MLAKV" reparam --model "$MODEL" --out "$REPARAM" --text "$MODEL/calib.txt" --context 2048 --windows 2
 "$MLAKV" eval --model "$REPARAM" --text "$MODEL/eval.txt" --context 2048 --windows 4 --scales auto \
-  --calib-windows 4 --formats fp8_ds_mla,nvfp4_ds_mla,nvfp4_ds_mla_fp8rope --plot "$ROOT/build/eval-glm52-latents.svg"
+  --calib-windows 4 --formats fp8_ds_mla,nvfp4_ds_mla,nvfp4_ds_mla_fp8rope,nvfp4_ds_mla_int8rope,nvfp4_ds_mla+token-scale,nvfp4_ds_mla_fp8rope+token-scale,nvfp4_ds_mla_int8rope+token-scale --plot "$ROOT/build/eval-glm52-latents.svg"
 echo
 echo "plots: build/eval.svg, build/eval-glm52-latents.svg"

@@ -39,7 +39,7 @@ using test::describe;
 
 constexpr double kU = 1.0 / (1 << 24);
 const KvFormat kAllFormats[] = {KvFormat::kBf16, KvFormat::kFp8DsMla, KvFormat::kNvfp4DsMla,
-                                KvFormat::kNvfp4DsMlaFp8Rope};
+                                KvFormat::kNvfp4DsMlaFp8Rope, KvFormat::kNvfp4DsMlaInt8Rope};
 
 
 
@@ -170,6 +170,24 @@ TEST_F(AttentionTest, EveryFormatEveryBlockSizeRaggedAndEmptyRequests) {
       c.seqlens = {0, 131, 1, 200};  // zero-length, ragged, single-token
       c.outer_scale = format_info(f).has_outer_scale ? 0.6f : 1.0f;
       c.seed = static_cast<uint32_t>(bs * 7 + static_cast<int>(f));
+      run_case(c, &pool_);
+    }
+  }
+}
+
+// The nvfp4 per-token scale mode: the readers take s_t from each record.
+TEST_F(AttentionTest, TokenScaleModeOnEveryNvfp4Format) {
+  for (KvFormat f : {KvFormat::kNvfp4DsMla, KvFormat::kNvfp4DsMlaFp8Rope, KvFormat::kNvfp4DsMlaInt8Rope}) {
+    for (bool sparse : {false, true}) {
+      Case c;
+      c.format = f;
+      c.token_scale = true;
+      c.block_size = 16;
+      c.seqlens = {0, 131, 1, 70};
+      c.sparse = sparse;
+      c.topk = sparse ? 40 : 0;
+      c.splits = 2;
+      c.seed = 31 + static_cast<uint32_t>(f);
       run_case(c, &pool_);
     }
   }

@@ -55,9 +55,9 @@ TEST_F(CliTest, FormatsJson) {
   CliRun r = run("formats --json");
   ASSERT_EQ(r.rc, 0) << r.err;
   auto j = nlohmann::json::parse(r.out)["formats"];
-  ASSERT_EQ(j.size(), 5u);
+  ASSERT_EQ(j.size(), 6u);
   std::map<std::string, int> want = {{"bf16", 1152}, {"fp8_ds_mla", 656}, {"nvfp4_ds_mla", 432},
-                                     {"nvfp4_ds_mla_fp8rope", 368}, {"f32", 2304}};
+                                     {"nvfp4_ds_mla_fp8rope", 368}, {"f32", 2304}, {"nvfp4_ds_mla_int8rope", 368}};
   for (const auto& f : j) EXPECT_EQ(f["bytes_per_token_per_layer"].get<int>(), want.at(f["name"].get<std::string>()));
 }
 

@@ -231,6 +231,65 @@ TEST_F(CliUser, RecordFilesDescribeThemselves) {
   EXPECT_NE(r.err.find("header says 2 tokens"), std::string::npos) << r.err;
 }
 
+// --token-scale: the nvfp4 per-token scale mode, carried by the record file's flags.
+TEST_F(CliUser, CodecTokenScaleMode) {
+  // Latent 1.5 everywhere: s_t = 1.5 * f32(1/2688); y = 1.5 / s_t ~ 2688 -> sf = e4m3(448) =
+  // 0x7E, q = y / 448 ~ 6 -> e2m1 7 (both nibbles: 0x77).
+  std::vector<float> rows = exact_rows(2, 1.5f);
+  spit(path("in.f32"), rows.data(), rows.size() * 4);
+  CliRun r = run("codec encode --format nvfp4_ds_mla_int8rope --token-scale --in " + path("in.f32") + " --out " +
+                 path("t.rec") + " --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(json_of(r)["token_scale"], true);
+  const std::string file = slurp(path("t.rec"));
+  ASSERT_EQ(file.size(), 64u + 2 * 368u);
+  EXPECT_EQ(u32_at(file, 16), 5u);  // nvfp4_ds_mla_int8rope
+  EXPECT_EQ(u32_at(file, 48), 1u);  // flags: token-scale mode
+  EXPECT_EQ(static_cast<uint8_t>(file[64]), 0x77);
+  EXPECT_EQ(static_cast<uint8_t>(file[64 + 256]), 0x7E);
+  float st;
+  std::memcpy(&st, file.data() + 64 + 292, 4);
+  EXPECT_EQ(st, 1.5f * static_cast<float>(1.0 / 2688.0));
+  r = run("codec decode --in " + path("t.rec") + " --out " + path("back.f32") + " --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(json_of(r)["token_scale"], true);
+  const std::string back = slurp(path("back.f32"));
+  ASSERT_EQ(back.size(), rows.size() * 4);
+  std::vector<float> b(rows.size());
+  std::memcpy(b.data(), back.data(), back.size());
+  EXPECT_EQ(b[0], 2688.0f * st);  // (e2m1 6 * e4m3 448) * s_t, one rounding
+  EXPECT_NEAR(b[0], 1.5f, 1e-6f);
+  // Raw records need the flag given again; a contradicting flag is refused.
+  spit(path("bare.rec"), file.data() + 64, file.size() - 64);
+  r = run("codec decode --raw --format nvfp4_ds_mla_int8rope --token-scale --in " + path("bare.rec") + " --out " +
+          path("x.f32"));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(slurp(path("x.f32")), back);
+  r = run("codec encode --format nvfp4_ds_mla --in " + path("in.f32") + " --out " + path("s.rec"));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  r = run("codec decode --token-scale --in " + path("s.rec") + " --out " + path("y.f32"));
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("without the token-scale mode"), std::string::npos) << r.err;
+  // Only the nvfp4 formats, and not with an outer scale.
+  r = run("codec encode --format fp8_ds_mla --token-scale --in " + path("in.f32") + " --out " + path("z.rec"));
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("token_scale is a mode of the nvfp4 formats"), std::string::npos) << r.err;
+  r = run("codec encode --format nvfp4_ds_mla --token-scale --outer-scale 0.5 --in " + path("in.f32") + " --out " +
+          path("z.rec"));
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("replaces the outer scale"), std::string::npos) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(path("z.rec")));
+  EXPECT_FALSE(std::filesystem::exists(path("y.f32")));
+  // stats --token-scale: group scales against amax(latent / s_t) / 6 (448 / 448: exact here).
+  r = run("codec stats --format all --token-scale --in " + path("in.f32") + " --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  for (const Json& f : json_of(r)["formats"]) {
+    if (f["format"].get<std::string>().rfind("nvfp4", 0) != 0) continue;
+    EXPECT_NE(f["scales"]["what"].get<std::string>().find("s_t"), std::string::npos) << f;
+    EXPECT_EQ(f["scales"]["subnormal_group_scales"], 0) << f;
+  }
+}
+
 TEST_F(CliUser, DecodeRefusesNonFiniteValues) {
   // 0xFF bytes read as bf16 are NaN: refused, no output written.
   const std::string junk(2 * 1152, '\xff');
@@ -304,7 +363,7 @@ TEST_F(CliUser, CodecStatsPerPart) {
   CliRun r = run("codec stats --format all --in " + path("in.f32") + " --json");
   ASSERT_EQ(r.rc, 0) << r.err;
   Json j = json_of(r);
-  ASSERT_EQ(j["formats"].size(), 5u);
+  ASSERT_EQ(j["formats"].size(), 6u);
   std::map<std::string, Json> by;
   for (const Json& f : j["formats"]) by[f["format"].get<std::string>()] = f;
   EXPECT_EQ(by["f32"]["latent"]["rel_l2"].get<double>(), 0.0);
@@ -318,6 +377,22 @@ TEST_F(CliUser, CodecStatsPerPart) {
   EXPECT_NEAR(by["nvfp4_ds_mla"]["scales"]["max_rel_err"].get<double>(), 0.03125, 1e-6);
   EXPECT_EQ(by["nvfp4_ds_mla"]["scales"]["subnormal_group_scales"], 0);
   EXPECT_GT(by["nvfp4_ds_mla_fp8rope"]["rope"]["rel_l2"].get<double>(), 0.0);
+  // int8 rope (amax 1, rs = f32(1/127)): 0.25 / rs = 31.75 -> 32, so 0.25 decodes to 32/127 and
+  // 0.75 to 95/127; 0.5 to 64/127 (63.5 ties to even), 1 to 127/127 exactly. The latent is nvfp4's.
+  {
+    double num = 0, den = 0;
+    for (int d = 512; d < 576; ++d) {
+      const int k = (d % 9) - 4;  // v = k / 4, q = its int8 code derived above
+      const int q = k == 0 ? 0 : (k < 0 ? -1 : 1) * (std::abs(k) == 4 ? 127 : std::abs(k) == 3 ? 95 : std::abs(k) == 2 ? 64 : 32);
+      const double e = q / 127.0 - k / 4.0;
+      num += e * e;
+      den += (k / 4.0) * (k / 4.0);
+    }
+    EXPECT_NEAR(by["nvfp4_ds_mla_int8rope"]["rope"]["rel_l2"].get<double>(), std::sqrt(num / den), 1e-6);
+  }
+  EXPECT_NEAR(by["nvfp4_ds_mla_int8rope"]["latent"]["rel_l2"].get<double>(), 0.03125, 1e-7);
+  EXPECT_LT(by["nvfp4_ds_mla_int8rope"]["rope"]["rel_l2"].get<double>(),
+            by["nvfp4_ds_mla_fp8rope"]["rope"]["rel_l2"].get<double>());
   r = run("codec stats --format nvfp4_ds_mla --in " + path("in.f32"));
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_NE(r.out.find("3.125e-02"), std::string::npos) << r.out;
@@ -493,7 +568,7 @@ TEST_F(CliUser, DemoFiguresAreRightAndDiscriminate) {
     EXPECT_GE(f["needle_weight"].get<double>(), 0.0);
     EXPECT_LE(f["needle_weight"].get<double>(), 1.0);
   }
-  ASSERT_EQ(by.size(), 5u);
+  ASSERT_EQ(by.size(), 6u);
   // The query's RoPE part is live: fp8 RoPE changes the output (it was identical to 16 digits).
   EXPECT_NE(by["nvfp4_ds_mla"]["out_rel_l2"].get<double>(), by["nvfp4_ds_mla_fp8rope"]["out_rel_l2"].get<double>());
   // The needle's weight separates the formats: bf16 stays close to the reference, nvfp4 not.
@@ -537,7 +612,8 @@ TEST_F(CliUser, FormatsListTheIndexerRecordAndVllmNames) {
                                              {"fp8_ds_mla", "fp8_ds_mla"},
                                              {"nvfp4_ds_mla", "nvfp4_ds_mla"},
                                              {"nvfp4_ds_mla_fp8rope", "nvfp4_ds_mla with KV_FP8_ROPE=1"},
-                                             {"f32", "none"}};
+                                             {"f32", "none"},
+                                             {"nvfp4_ds_mla_int8rope", "none"}};
   for (const Json& f : j["formats"]) {
     const std::string v = f["vllm_kv_cache_dtype"].get<std::string>();
     EXPECT_EQ(v.rfind(want.at(f["name"].get<std::string>()), 0), 0u) << v;

@@ -92,6 +92,7 @@ TEST(CodecGolden, Zeros) {
   // nvfp4: sf = e4m3(0) = 0 -> every element 0; rope scale 0.
   expect_golden(encode(KvFormat::kNvfp4DsMla, {z}), {}, "nvfp4");
   expect_golden(encode(KvFormat::kNvfp4DsMlaFp8Rope, {z}), {}, "nvfp4 fp8 rope");
+  expect_golden(encode(KvFormat::kNvfp4DsMlaInt8Rope, {z}), {}, "nvfp4 int8 rope");
 }
 
 TEST(CodecGolden, SingleSpike) {
@@ -142,6 +143,42 @@ TEST(CodecGolden, SingleSpike) {
     g[304 + 63] = 0xFE;
     expect_golden(encode(KvFormat::kNvfp4DsMlaFp8Rope, {t}), g, "nvfp4 fp8 rope");
   }
+}
+
+TEST(CodecGolden, Int8Rope) {
+  // Latent as SingleSpike's nvfp4 (bytes 2 and 256); rope amax 2 -> rs = 2 * f32(1/127):
+  // f32(1/127) = 0x3C010204 (the double 1/127 rounded once, = 1.0f/127.0f), times 2 exact
+  // -> 0x3C810204 (0.015748031). Quotients v / rs in float32 and rne:
+  //   2 / rs = 127 (0x7F); -2 / rs = -127 (0x81);
+  //   1 / rs = 63.5 exactly, a tie -> 64 (even, 0x40); 0.5 / rs = 31.75 -> 32 (0x20);
+  //   -0.75 / rs = -47.625 -> -48 (0xD0); 2^-7 / rs = 0.496 -> 0; rope[6] = 0 -> 0.
+  Token t;
+  t.latent[5] = 3.0f;
+  const float rope[] = {2.0f, -2.0f, 1.0f, 0.5f, -0.75f, 0.0078125f};
+  for (int i = 0; i < 6; ++i) t.rope[static_cast<std::size_t>(i)] = rope[i];
+  std::map<int, uint8_t> g;
+  g[2] = 0x70;
+  g[256] = 0x30;
+  put_f32(g, 288, 0x3C810204u);
+  g[304] = 0x7F;
+  g[305] = 0x81;
+  g[306] = 0x40;
+  g[307] = 0x20;
+  g[308] = 0xD0;
+  const auto rec = encode(KvFormat::kNvfp4DsMlaInt8Rope, {t});
+  expect_golden(rec, g, "nvfp4 int8 rope");
+  // The reader: q * rs, one rounding.
+  std::vector<float> lat, rp;
+  decode(KvFormat::kNvfp4DsMlaInt8Rope, rec, 1.0f, lat, rp);
+  const float rs = std::bit_cast<float>(0x3C810204u);
+  const int q[] = {127, -127, 64, 32, -48, 0};
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(rp[static_cast<std::size_t>(i)], static_cast<float>(q[i]) * rs) << i;
+  EXPECT_EQ(lat[5], 3.0f);
+  // Every int8 byte decodes, -128 (never written) included: no NaN check to fail.
+  auto any = rec;
+  any[310] = 0x80;
+  decode(KvFormat::kNvfp4DsMlaInt8Rope, any, 1.0f, lat, rp);
+  EXPECT_EQ(rp[6], -128.0f * rs);
 }
 
 TEST(CodecGolden, Fp8TiesAndTinyTiles) {
@@ -209,6 +246,7 @@ TEST(CodecGolden, Nvfp4TiesSubnormalScalesAndSaturation) {
   g[261] = 0x7E;
   expect_golden(encode(KvFormat::kNvfp4DsMla, {t}), g, "nvfp4");
   expect_golden(encode(KvFormat::kNvfp4DsMlaFp8Rope, {t}), g, "nvfp4 fp8 rope");
+  expect_golden(encode(KvFormat::kNvfp4DsMlaInt8Rope, {t}), g, "nvfp4 int8 rope");
 }
 
 // ---- round-trip bounds on random data -------------------------------------------------
@@ -238,7 +276,8 @@ float e2m1_half_gap(float av) { return av < 2.0f ? 0.25f : av < 4.0f ? 0.5f : 1.
 TEST(CodecRoundTrip, DerivedErrorBounds) {
   const auto toks = random_tokens(64, 42);
   std::vector<float> lat, rope;
-  for (KvFormat f : {KvFormat::kBf16, KvFormat::kFp8DsMla, KvFormat::kNvfp4DsMla, KvFormat::kNvfp4DsMlaFp8Rope}) {
+  for (KvFormat f : {KvFormat::kBf16, KvFormat::kFp8DsMla, KvFormat::kNvfp4DsMla, KvFormat::kNvfp4DsMlaFp8Rope,
+                     KvFormat::kNvfp4DsMlaInt8Rope}) {
     for (float outer : {1.0f, 0.37f}) {
       if (!format_info(f).has_outer_scale && outer != 1.0f) continue;
       for (Fp8ScaleMode mode : {Fp8ScaleMode::kPow2, Fp8ScaleMode::kExact}) {
@@ -283,9 +322,11 @@ TEST(CodecRoundTrip, DerivedErrorBounds) {
           for (int i = 0; i < kRopeDim; ++i) {
             const float v = toks[n].rope[static_cast<std::size_t>(i)];
             const float vh = rope[n * kRopeDim + static_cast<std::size_t>(i)];
+            // int8: half a step rs/2 (rs = amax/127), plus float32 roundings.
             const float bound = f == KvFormat::kNvfp4DsMlaFp8Rope
                                     ? std::ldexp(std::fabs(v), -4) + std::ldexp(ramax / 448.0f, -10) + std::fabs(v) * 1e-6f
-                                    : std::ldexp(std::fabs(v), -8);
+                                : f == KvFormat::kNvfp4DsMlaInt8Rope ? 0.5f * ramax / 127.0f * (1 + 1e-6f) + std::fabs(v) * 1e-6f
+                                                                     : std::ldexp(std::fabs(v), -8);
             ASSERT_LE(std::fabs(vh - v), bound) << format_name(f) << " rope " << i;
           }
         }
@@ -296,7 +337,7 @@ TEST(CodecRoundTrip, DerivedErrorBounds) {
 
 TEST(CodecRoundTrip, PadsAreZeroEvenOverDirtyBuffers) {
   const auto toks = random_tokens(8, 3);
-  for (KvFormat f : {KvFormat::kNvfp4DsMla, KvFormat::kNvfp4DsMlaFp8Rope}) {
+  for (KvFormat f : {KvFormat::kNvfp4DsMla, KvFormat::kNvfp4DsMlaFp8Rope, KvFormat::kNvfp4DsMlaInt8Rope}) {
     const int rb = record_bytes(f);
     std::vector<float> lat, rope;
     for (const Token& t : toks) {
@@ -313,8 +354,12 @@ TEST(CodecRoundTrip, PadsAreZeroEvenOverDirtyBuffers) {
                       .ok());
     }
     EXPECT_EQ(bufs[0], bufs[1]) << "a byte of the record was left unwritten";
-    const int pad_off = f == KvFormat::kNvfp4DsMla ? layout::nvfp4_ds_mla::kPadOffset : layout::nvfp4_ds_mla_fp8rope::kPadOffset;
-    const int pad_len = f == KvFormat::kNvfp4DsMla ? layout::nvfp4_ds_mla::kPadBytes : layout::nvfp4_ds_mla_fp8rope::kPadBytes;
+    const int pad_off = f == KvFormat::kNvfp4DsMla           ? layout::nvfp4_ds_mla::kPadOffset
+                        : f == KvFormat::kNvfp4DsMlaFp8Rope ? layout::nvfp4_ds_mla_fp8rope::kPadOffset
+                                                            : layout::nvfp4_ds_mla_int8rope::kPadOffset;
+    const int pad_len = f == KvFormat::kNvfp4DsMla           ? layout::nvfp4_ds_mla::kPadBytes
+                        : f == KvFormat::kNvfp4DsMlaFp8Rope ? layout::nvfp4_ds_mla_fp8rope::kPadBytes
+                                                            : layout::nvfp4_ds_mla_int8rope::kPadBytes;
     for (int n = 0; n < 8; ++n) {
       for (int i = 0; i < pad_len; ++i) EXPECT_EQ(bufs[0][static_cast<std::size_t>(n * rb + pad_off + i)], 0) << n << " " << i;
     }
@@ -328,7 +373,8 @@ TEST(CodecRoundTrip, Bf16InputsEqualFloatInputs) {
     for (float& v : t.latent) { v = bf16_to_f32(f32_to_bf16(v)); lat16.push_back(f32_to_bf16(v)); }
     for (float& v : t.rope) { v = bf16_to_f32(f32_to_bf16(v)); rope16.push_back(f32_to_bf16(v)); }
   }
-  for (KvFormat f : {KvFormat::kBf16, KvFormat::kFp8DsMla, KvFormat::kNvfp4DsMla, KvFormat::kNvfp4DsMlaFp8Rope}) {
+  for (KvFormat f : {KvFormat::kBf16, KvFormat::kFp8DsMla, KvFormat::kNvfp4DsMla, KvFormat::kNvfp4DsMlaFp8Rope,
+                     KvFormat::kNvfp4DsMlaInt8Rope}) {
     const int rb = record_bytes(f);
     std::vector<uint8_t> a = encode(f, toks, format_info(f).has_outer_scale ? 0.5f : 1.0f);
     std::vector<uint8_t> b(a.size());
@@ -378,7 +424,8 @@ TEST(CodecErrors, NonFiniteInputNamesTokenAndDimensionAndWritesNothing) {
     lat.insert(lat.end(), t.latent.begin(), t.latent.end());
     rope.insert(rope.end(), t.rope.begin(), t.rope.end());
   }
-  for (KvFormat f : {KvFormat::kBf16, KvFormat::kFp8DsMla, KvFormat::kNvfp4DsMla, KvFormat::kNvfp4DsMlaFp8Rope}) {
+  for (KvFormat f : {KvFormat::kBf16, KvFormat::kFp8DsMla, KvFormat::kNvfp4DsMla, KvFormat::kNvfp4DsMlaFp8Rope,
+                     KvFormat::kNvfp4DsMlaInt8Rope}) {
     const int rb = record_bytes(f);
     for (int which = 0; which < 3; ++which) {
       auto l = lat, r = rope;
@@ -443,6 +490,12 @@ TEST(CodecErrors, CorruptRecordsAreRejectedOnDecode) {
   const float nanf = NAN;
   std::memcpy(r4.data() + 288, &nanf, 4);
   st = run(KvFormat::kNvfp4DsMlaFp8Rope, r4);
+  EXPECT_NE(st.message().find("rope scale"), std::string::npos) << st.message();
+  auto r5 = encode(KvFormat::kNvfp4DsMlaInt8Rope, {t});
+  const float negf = -0.5f;
+  std::memcpy(r5.data() + 288, &negf, 4);
+  st = run(KvFormat::kNvfp4DsMlaInt8Rope, r5);
+  EXPECT_EQ(st.code(), StatusCode::kDataLoss);
   EXPECT_NE(st.message().find("rope scale"), std::string::npos) << st.message();
 }
 

@@ -32,19 +32,21 @@ std::vector<Span> parts() {
 }
 
 // Every format with CUDA kernels (f32, the CPU-only parity format, has none).
-const KvFormat kAll[] = {KvFormat::kBf16, KvFormat::kFp8DsMla, KvFormat::kNvfp4DsMla, KvFormat::kNvfp4DsMlaFp8Rope};
+const KvFormat kAll[] = {KvFormat::kBf16, KvFormat::kFp8DsMla, KvFormat::kNvfp4DsMla, KvFormat::kNvfp4DsMlaFp8Rope,
+                         KvFormat::kNvfp4DsMlaInt8Rope};
+constexpr KernelSet kAllSet = KernelSet::kAll;
 
 TEST(CudaRecordParts, EqualTheFormatsRegionTable) {
   for (KvFormat f : kAll) {
     SCOPED_TRACE(std::string(format_name(f)));
-    const std::vector<Span> got = dispatch_format(f, std::vector<Span>{}, [](auto tag) { return parts<decltype(tag)::value>(); });
+    const std::vector<Span> got = dispatch_format<kAllSet>(f, std::vector<Span>{}, [](auto tag) { return parts<decltype(tag)::value>(); });
     const auto& regions = format_info(f).regions;
     ASSERT_EQ(got.size(), regions.size());
     for (std::size_t k = 0; k < got.size(); ++k) {
       EXPECT_EQ(got[k].first, regions[k].offset) << "part " << k << " (" << regions[k].what << ")";
       EXPECT_EQ(got[k].second, regions[k].bytes) << "part " << k << " (" << regions[k].what << ")";
     }
-    const int rb = dispatch_format(f, 0, [](auto tag) { return record::Parts<decltype(tag)::value>::kRecordBytes; });
+    const int rb = dispatch_format<kAllSet>(f, 0, [](auto tag) { return record::Parts<decltype(tag)::value>::kRecordBytes; });
     EXPECT_EQ(rb, record_bytes(f));
     EXPECT_EQ(rb, format_info(f).record_bytes);
   }
@@ -68,7 +70,7 @@ void check_splits() {
 TEST(CudaRecordParts, QuartersAndLanesTileTheParts) {
   for (KvFormat f : kAll) {
     SCOPED_TRACE(std::string(format_name(f)));
-    dispatch_format(f, 0, [](auto tag) {
+    dispatch_format<kAllSet>(f, 0, [](auto tag) {
       check_splits<decltype(tag)::value>();
       return 0;
     });
@@ -77,9 +79,14 @@ TEST(CudaRecordParts, QuartersAndLanesTileTheParts) {
 
 TEST(CudaDispatchFormat, EveryFormatReachesItsTagAndOthersTheFallback) {
   for (KvFormat f : kAll) {
-    EXPECT_EQ(dispatch_format(f, -1, [](auto tag) { return static_cast<int>(decltype(tag)::value); }), static_cast<int>(f));
+    EXPECT_EQ(dispatch_format<kAllSet>(f, -1, [](auto tag) { return static_cast<int>(decltype(tag)::value); }),
+              static_cast<int>(f));
+    // The default set (the sm90 attention path's, interim) lacks only the int8-rope record.
+    EXPECT_EQ(dispatch_format(f, -1, [](auto tag) { return static_cast<int>(decltype(tag)::value); }),
+              f == KvFormat::kNvfp4DsMlaInt8Rope ? -1 : static_cast<int>(f));
   }
-  EXPECT_EQ(dispatch_format(KvFormat::kF32, -1, [](auto) { return 0; }), -1);  // no CUDA kernels
+  EXPECT_EQ(dispatch_format<kAllSet>(KvFormat::kF32, -1, [](auto) { return 0; }), -1);  // no CUDA kernels
+  EXPECT_EQ(dispatch_format(KvFormat::kF32, -1, [](auto) { return 0; }), -1);
   EXPECT_EQ(dispatch_format(static_cast<KvFormat>(kNumKvFormats), -1, [](auto) { return 0; }), -1);
   EXPECT_EQ(dispatch_format(static_cast<KvFormat>(255), -1, [](auto) { return 0; }), -1);
 }

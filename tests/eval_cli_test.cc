@@ -38,8 +38,8 @@ TEST_F(EvalCli, JsonHasEveryFormatAndTheReference) {
   ASSERT_EQ(r.rc, 0) << r.err;
   const auto j = nlohmann::json::parse(r.out);
   EXPECT_GT(j["reference"]["ppl"].get<double>(), 1.0);
-  // 4 formats + calibrated rows for the two nvfp4 formats.
-  ASSERT_EQ(j["formats"].size(), 6u);
+  // 5 formats + calibrated rows for the three nvfp4 formats.
+  ASSERT_EQ(j["formats"].size(), 8u);
   for (const auto& row : j["formats"]) {
     for (const char* k : {"format", "scales", "kld_mean", "kld_p99", "top1_agree", "ppl", "needle_found", "needle_total"}) {
       EXPECT_TRUE(row.contains(k)) << k;
@@ -47,6 +47,28 @@ TEST_F(EvalCli, JsonHasEveryFormatAndTheReference) {
     EXPECT_GT(row["kld_mean"].get<double>(), 0.0) << row["format"];  // every format rounds the cache
   }
   EXPECT_TRUE(fs::exists(path("p.svg")));
+}
+
+// "+token-scale" rows: the nvfp4 per-token scale mode, one row each (no --scales variant).
+TEST_F(EvalCli, TokenScaleRows) {
+  const std::string tk = tokens(2 * 32);
+  auto r = run("eval --model " + kTiny + " --tokens " + tk +
+               " --context 32 --windows 2 --formats "
+               "nvfp4_ds_mla_int8rope,nvfp4_ds_mla_fp8rope+token-scale,nvfp4_ds_mla_int8rope+token-scale --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  std::vector<std::string> got;
+  for (const auto& row : j["formats"]) {
+    got.push_back(row["format"].get<std::string>() + "/" + row["scales"].get<std::string>() + "/" +
+                  (row["token_scale"].get<bool>() ? "ts" : "-"));
+    EXPECT_GT(row["kld_mean"].get<double>(), 0.0) << row["format"];
+  }
+  const std::vector<std::string> want = {"nvfp4_ds_mla_int8rope/none/-", "nvfp4_ds_mla_fp8rope/token/ts",
+                                         "nvfp4_ds_mla_int8rope/token/ts"};
+  EXPECT_EQ(got, want);
+  r = run("eval --model " + kTiny + " --tokens " + tk + " --context 32 --windows 1 --formats fp8_ds_mla+token-scale");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("+token-scale is a mode of the nvfp4 formats only"), std::string::npos) << r.err;
 }
 
 TEST_F(EvalCli, TooShortInputNamesWhatIsNeeded) {
@@ -117,6 +139,15 @@ TEST_F(EvalCli, GenerateReportsSpeedAndRefusesBadFormats) {
   r = run("generate --model " + kTiny + " --prompt hello");
   EXPECT_EQ(r.rc, 1);
   EXPECT_NE(r.err.find("tokenizer"), std::string::npos) << r.err;
+  // The per-token scale mode on the shipped model (it has a tokenizer); only nvfp4 formats.
+  const std::string shipped = std::string(MLAKV_SOURCE_DIR) + "/models/mlakv-ds3-tiny";
+  r = run("generate --model " + shipped + " --prompt Hello --max-tokens 3 --format nvfp4_ds_mla_int8rope+token-scale --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["format"], "nvfp4_ds_mla_int8rope");
+  EXPECT_EQ(nlohmann::json::parse(r.out)["token_scale"], true);
+  r = run("generate --model " + shipped + " --prompt Hello --format fp8_ds_mla+token-scale");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("+token-scale is a mode of the nvfp4 formats only"), std::string::npos) << r.err;
 }
 
 TEST_F(EvalCli, CalibrateFromTokensEqualsTheLibrary) {

@@ -12,6 +12,9 @@ TEST(Formats, PublishedSizes) {
   EXPECT_EQ(format_info(KvFormat::kFp8DsMla).record_bytes, 656);
   EXPECT_EQ(format_info(KvFormat::kNvfp4DsMla).record_bytes, 432);
   EXPECT_EQ(format_info(KvFormat::kNvfp4DsMlaFp8Rope).record_bytes, 368);
+  EXPECT_EQ(format_info(KvFormat::kNvfp4DsMlaInt8Rope).record_bytes, 368);
+  EXPECT_EQ(format_info(KvFormat::kNvfp4DsMlaInt8Rope).name, "nvfp4_ds_mla_int8rope");
+  EXPECT_EQ(static_cast<int>(KvFormat::kNvfp4DsMlaInt8Rope), 5);  // the record-file format id
   EXPECT_EQ(layout::indexer::kRecordBytes, 132);
 }
 
@@ -37,6 +40,18 @@ TEST(Formats, PublishedOffsets) {
   EXPECT_EQ(layout::nvfp4_ds_mla_fp8rope::kRopeScaleOffset, 288);
   EXPECT_EQ(layout::nvfp4_ds_mla_fp8rope::kPadOffset, 292);
   EXPECT_EQ(layout::nvfp4_ds_mla_fp8rope::kRopeOffset, 304);
+  EXPECT_EQ(layout::nvfp4_ds_mla_int8rope::kScaleOffset, 256);
+  EXPECT_EQ(layout::nvfp4_ds_mla_int8rope::kRopeScaleOffset, 288);
+  EXPECT_EQ(layout::nvfp4_ds_mla_int8rope::kPadOffset, 292);
+  EXPECT_EQ(layout::nvfp4_ds_mla_int8rope::kRopeOffset, 304);
+  // The fork's per-token scale (b12x kv_cache.py _LATENT_SCALE_OFFSET, _TWO_LEVEL_RCP).
+  EXPECT_EQ(layout::nvfp4_token_scale::kOffset, 292);
+  EXPECT_EQ(layout::nvfp4_token_scale::kFactor, 1.0f / 2688.0f);
+  EXPECT_EQ(layout::nvfp4_ds_mla_int8rope::kRopeScaleFactor, 1.0f / 127.0f);
+}
+
+TEST(Formats, Nvfp4FormatsAreTheOuterScaleFormats) {
+  for (const FormatInfo& f : all_formats()) EXPECT_EQ(is_nvfp4_format(f.format), f.has_outer_scale) << f.name;
 }
 
 TEST(Formats, NamesRoundTrip) {

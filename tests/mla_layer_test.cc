@@ -254,6 +254,7 @@ void element_bounds(KvFormat f, float s_l, const Unquantized& u, int64_t N, std:
         break;
       case KvFormat::kNvfp4DsMla:
       case KvFormat::kNvfp4DsMlaFp8Rope:
+      case KvFormat::kNvfp4DsMlaInt8Rope:
         for (int g = 0; g < kLatentDim / 16; ++g) {
           float amax = 0;
           for (int d = 16 * g; d < 16 * g + 16; ++d) amax = std::max(amax, std::fabs(x[d] / s_l));
@@ -281,6 +282,14 @@ void element_bounds(KvFormat f, float s_l, const Unquantized& u, int64_t N, std:
       for (int d = 0; d < kRopeDim; ++d) {
         const double v = std::fabs(r[d]);
         ek[d] = kE4m3 * v + rs * 0x1p-10 + std::max(0.0, v - 448 * rs) + 0x1p-21 * v;
+      }
+    } else if (f == KvFormat::kNvfp4DsMlaInt8Rope) {
+      float amax = 0;
+      for (int d = 0; d < kRopeDim; ++d) amax = std::max(amax, std::fabs(r[d]));
+      const double rs = amax * (1.0f / 127.0f);
+      for (int d = 0; d < kRopeDim; ++d) {
+        const double v = std::fabs(r[d]);  // half a step, past-127 clamp, float32 roundings
+        ek[d] = 0.5 * rs + std::max(0.0, v - 127 * rs) + 0x1p-21 * v;
       }
     } else if (f != KvFormat::kF32) {
       for (int d = 0; d < kRopeDim; ++d) ek[d] = kBf16 * std::fabs(r[d]);
@@ -424,7 +433,8 @@ TEST_P(HfParity, CachedFormatsWithinDerivedBounds) {
                         {KvFormat::kNvfp4DsMla, 1.0f, "nvfp4_ds_mla"},
                         {KvFormat::kNvfp4DsMla, calibrated, "nvfp4_ds_mla+scale"},
                         {KvFormat::kNvfp4DsMlaFp8Rope, 1.0f, "nvfp4_ds_mla_fp8rope"},
-                        {KvFormat::kNvfp4DsMlaFp8Rope, calibrated, "nvfp4_fp8rope+scale"}};
+                        {KvFormat::kNvfp4DsMlaFp8Rope, calibrated, "nvfp4_fp8rope+scale"},
+                        {KvFormat::kNvfp4DsMlaInt8Rope, calibrated, "nvfp4_int8rope+scale"}};
   double nvfp4_err[2] = {0, 0};
   for (const Case& c : cases) {
     SCOPED_TRACE(c.label);

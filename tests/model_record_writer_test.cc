@@ -33,8 +33,8 @@ namespace {
 // both kPow2 = 0, kExact = 1).
 template <class F>
 struct FifthParam;
-template <class R, class A, class B, class C, class D, class E, class G>
-struct FifthParam<R (*)(A, B, C, D, E, G)> {
+template <class R, class A, class B, class C, class D, class E, class G, class H>
+struct FifthParam<R (*)(A, B, C, D, E, G, H)> {
   using type = E;
 };
 using CodecMode = typename FifthParam<decltype(&codec::encode_record)>::type;
@@ -138,20 +138,40 @@ std::vector<std::vector<float>> latents(std::mt19937& rng) {
   return out;
 }
 
+// Rope rows for the record sweep: random at set li's magnitude, all zero (set 10), and for
+// the int8 rope, quotients on the .5 ties: amax 2^j (so rs = 2^j * f32(1/127) exactly) and
+// values (k + 0.5) * rs, plus values at +-amax (quotients a hair past 127: the clamp).
+std::vector<float> rope_row(std::mt19937& rng, std::size_t li) {
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> rope(kRopeDim);
+  for (float& x : rope) x = nd(rng) * static_cast<float>(li + 1);
+  if (li == 10) std::fill(rope.begin(), rope.end(), 0.0f);  // rope scale 0
+  if (li == 12 || li == 13) {
+    const float amax = li == 12 ? 4.0f : 0.0078125f;
+    const float rs = codec::rope_int8_scale(amax);
+    for (int i = 0; i < kRopeDim; ++i) {
+      const int k = (i * 37) % 254 - 127;  // -127 .. 126
+      rope[static_cast<std::size_t>(i)] = (static_cast<float>(k) + 0.5f) * rs;
+    }
+    rope[0] = amax;
+    rope[1] = -amax;
+  }
+  return rope;
+}
+
 TEST(ModelRecordWriter, RecordsMatchScalarCodec) {
   std::mt19937 rng(17);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   const auto lats = latents(rng);
   for (int64_t t : targets()) {
     TargetScope scope(t);
-    for (KvFormat f : {KvFormat::kBf16, KvFormat::kFp8DsMla, KvFormat::kNvfp4DsMla, KvFormat::kNvfp4DsMlaFp8Rope, KvFormat::kF32}) {
+    for (KvFormat f : {KvFormat::kBf16, KvFormat::kFp8DsMla, KvFormat::kNvfp4DsMla, KvFormat::kNvfp4DsMlaFp8Rope,
+                       KvFormat::kF32, KvFormat::kNvfp4DsMlaInt8Rope}) {
       const int rb = record_bytes(f);
       for (float outer : {1.0f, 0.37f, 1e-3f, 100.0f}) {
         for (bool exact : {false, true}) {
           for (std::size_t li = 0; li < lats.size(); ++li) {
-            std::vector<float> rope(kRopeDim);
-            for (float& x : rope) x = nd(rng) * static_cast<float>(li + 1);
-            if (li == 10) std::fill(rope.begin(), rope.end(), 0.0f);  // rope scale 0
+            const std::vector<float> rope = rope_row(rng, li);
             std::vector<uint8_t> want(static_cast<std::size_t>(rb), 0xAA), got(static_cast<std::size_t>(rb), 0x55);
             codec::encode_record(f, lats[li].data(), rope.data(), outer,
                                  static_cast<CodecMode>(exact ? 1 : 0), want.data());
@@ -160,6 +180,18 @@ TEST(ModelRecordWriter, RecordsMatchScalarCodec) {
                                  << " outer " << outer << " exact " << exact;
           }
         }
+      }
+    }
+    // The per-token scale mode of the nvfp4 formats (s_l = 1): the zero latent (set 10)
+    // stores s_t = 0 and zero codes on both sides.
+    for (KvFormat f : {KvFormat::kNvfp4DsMla, KvFormat::kNvfp4DsMlaFp8Rope, KvFormat::kNvfp4DsMlaInt8Rope}) {
+      const int rb = record_bytes(f);
+      for (std::size_t li = 0; li < lats.size(); ++li) {
+        const std::vector<float> rope = rope_row(rng, li);
+        std::vector<uint8_t> want(static_cast<std::size_t>(rb), 0xAA), got(static_cast<std::size_t>(rb), 0x55);
+        codec::encode_record(f, lats[li].data(), rope.data(), 1.0f, static_cast<CodecMode>(0), want.data(), true);
+        encode_record_simd(f, lats[li].data(), kLatentDim, rope.data(), kRopeDim, 1.0f, false, got.data(), true);
+        ASSERT_EQ(got, want) << format_name(f) << " token-scale target " << hwy::TargetName(t) << " latent set " << li;
       }
     }
     // bf16 with other geometries (tails past the vector width).
@@ -188,11 +220,20 @@ TEST(ModelRecordWriter, CacheWriterEqualsKvCacheWrite) {
   slots[3] = -1;
   slots[99] = -1;
   ThreadPool pool(2);
-  for (KvFormat f : {KvFormat::kBf16, KvFormat::kFp8DsMla, KvFormat::kNvfp4DsMla, KvFormat::kNvfp4DsMlaFp8Rope, KvFormat::kF32}) {
+  struct Case {
+    KvFormat f;
+    bool token_scale;
+  };
+  for (Case cs : {Case{KvFormat::kBf16, false}, Case{KvFormat::kFp8DsMla, false}, Case{KvFormat::kNvfp4DsMla, false},
+                  Case{KvFormat::kNvfp4DsMlaFp8Rope, false}, Case{KvFormat::kF32, false},
+                  Case{KvFormat::kNvfp4DsMlaInt8Rope, false}, Case{KvFormat::kNvfp4DsMla, true},
+                  Case{KvFormat::kNvfp4DsMlaFp8Rope, true}, Case{KvFormat::kNvfp4DsMlaInt8Rope, true}}) {
+    const KvFormat f = cs.f;
+    SCOPED_TRACE(cs.token_scale ? "token-scale mode" : "static scales");
     KvCache::Config c;
     c.num_blocks = 20;
     c.block_size = 8;
-    c.layers = {LayerFormat{f, f == KvFormat::kNvfp4DsMla || f == KvFormat::kNvfp4DsMlaFp8Rope ? 0.05f : 1.0f}};
+    c.layers = {LayerFormat{f, is_nvfp4_format(f) && !cs.token_scale ? 0.05f : 1.0f, cs.token_scale}};
     auto a = KvCache::create_cpu(c);
     auto b = KvCache::create_cpu(c);
     ASSERT_TRUE(a.ok() && b.ok());

@@ -31,6 +31,9 @@ inline constexpr int kDefaultBlockSize = 64;
 struct LayerFormat {
   KvFormat format = KvFormat::kBf16;
   float outer_scale = 1.0f;  // nvfp4 formats only (calibrated s_l); 1.0 otherwise
+  // nvfp4 formats only, with outer_scale 1.0: the per-token scale mode (codec.h
+  // CodecParams::token_scale; the fork's VLLM_NVFP4_MLA_DYNAMIC_SCALE=1).
+  bool token_scale = false;
 };
 
 // One layer's cache as kernels read it. Records are record_bytes apart; block b's
@@ -45,12 +48,13 @@ struct CacheLayerView {
   Device device;
   int latent_dim = kLatentDim;
   int rope_dim = kRopeDim;
+  bool token_scale = false;  // nvfp4 per-token scale mode (LayerFormat::token_scale)
 
   int64_t num_slots() const { return num_blocks * block_size; }
   const uint8_t* record(int64_t slot) const { return data + slot * record_bytes; }
 };
 
-// Validates a view (sizes, format/geometry, outer scale); `name` prefixes messages.
+// Validates a view (sizes, format/geometry, outer scale, token-scale mode); `name` prefixes messages.
 Status check_cache_view(const CacheLayerView& c, std::string_view name);
 
 // Encodes n tokens into `slots` of a host cache layer held anywhere (a KvCache's, or a

@@ -25,10 +25,17 @@ struct CodecParams {
   Fp8ScaleMode fp8_scales = Fp8ScaleMode::kPow2;
   int latent_dim = kLatentDim;  // only bf16 accepts other geometries
   int rope_dim = kRopeDim;
+  // The per-token scale mode (nvfp4 formats only, with outer_scale 1.0: it replaces s_l;
+  // formats.h nvfp4_token_scale, docs/formats.md): the writer stores s_t = token_amax *
+  // f32(1/2688) at [292, 296) and encodes latent / s_t; the reader multiplies by it.
+  bool token_scale = false;
 };
 
-// Validates the format/geometry/outer-scale combination; returns the record size.
+// Validates the format/geometry/outer-scale/token-scale combination; returns the record size.
 StatusOr<int> codec_record_bytes(const CodecParams& p);
+// The token-scale checks alone (the cache views use them too): OK when !token_scale, else
+// the format must be an nvfp4 one and outer_scale 1.0. `name` prefixes the message.
+Status check_token_scale(KvFormat format, bool token_scale, float outer_scale, std::string_view name);
 
 // Encodes n tokens.
 //   latent  [n, latent_dim] f32 or bf16, CPU, rows may be strided
@@ -41,7 +48,7 @@ Status encode_records(const CodecParams& p, const TensorView& latent, const Tens
 
 // Decodes n records into float32 latent [n, latent_dim] and rope [n, rope_dim].
 // Fails (kDataLoss, names the token) on a record whose fp32 scale is not finite and
-// positive (fp8 tile scales), not finite and >= 0 (fp8 rope scale), whose e4m3 bytes
+// positive (fp8 tile scales), not finite and >= 0 (fp8/int8 rope scale, token scale), whose e4m3 bytes
 // hold NaN, or that decodes to a non-finite value (bf16 NaN/Inf, or an outer scale that
 // overflows): records of another format or scale read as garbage, not silently.
 // Outputs are unspecified on failure.

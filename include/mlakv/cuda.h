@@ -42,7 +42,9 @@ StatusOr<DeviceProperties> device_properties(int device = 0);
 // (src/cuda/sm80/attention/, mma.sync + cp.async). kSm90: the warp-specialized Hopper
 // kernel (src/cuda/sm90/attention/, bulk copies + mbarrier ring), built when
 // MLAKV_CUDA_ARCHS holds 90a and chosen by plan_mla_attention on a compute capability
-// 9.0 device for the four formats at L = 512, R = 64. The environment variable
+// 9.0 device for bf16, fp8_ds_mla, nvfp4_ds_mla and nvfp4_ds_mla_fp8rope at L = 512,
+// R = 64 without the per-token scale mode (nvfp4_ds_mla_int8rope and token-scale layers
+// run on kSm80 everywhere for now). The environment variable
 // MLAKV_CUDA_ATTENTION=sm80 forces kSm80, =sm90 requires kSm90 (planning fails where
 // it cannot run), unset, empty or auto picks.
 enum class AttentionPath : uint8_t { kSm80 = 0, kSm90 = 1 };

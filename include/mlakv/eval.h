@@ -40,8 +40,12 @@ struct EvalCacheSpec {
   KvFormat format = KvFormat::kBf16;
   // Per-layer outer scales (nvfp4 formats); empty: 1.0 everywhere (uncalibrated).
   OuterScales scales;
-  // How the scales were obtained, for the report: "none", "auto" or the file name.
+  // How the scales were obtained, for the report: "none", "auto", the file name, or
+  // "token" for the per-token scale mode.
   std::string scales_label = "none";
+  // The nvfp4 per-token scale mode (LayerFormat::token_scale) on every layer; needs empty
+  // `scales` (the mode replaces the outer scale).
+  bool token_scale = false;
 };
 
 struct EvalOptions {

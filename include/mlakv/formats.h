@@ -20,8 +20,9 @@ enum class KvFormat : uint8_t {
   kNvfp4DsMla = 2,        // "nvfp4_ds_mla"         432 B
   kNvfp4DsMlaFp8Rope = 3, // "nvfp4_ds_mla_fp8rope" 368 B
   kF32 = 4,               // "f32"                  2304 B, unquantized: parity checks (CPU only)
+  kNvfp4DsMlaInt8Rope = 5,  // "nvfp4_ds_mla_int8rope" 368 B, mlakv's own: int8 rope in the fp8-rope layout
 };
-inline constexpr int kNumKvFormats = 5;
+inline constexpr int kNumKvFormats = 6;
 
 // MLA latent geometry the compressed records are defined for (DeepSeek/Kimi/GLM).
 inline constexpr int kLatentDim = 512;  // kv_lora_rank L
@@ -72,7 +73,10 @@ inline constexpr int kPadOffset = kScaleOffset + kNumGroups;       // 288
 inline constexpr int kPadBytes = 16;
 inline constexpr int kRopeOffset = kPadOffset + kPadBytes;         // 304
 inline constexpr int kRecordBytes = kRopeOffset + 2 * kRopeDim;    // 432
+// Per-token scale mode (nvfp4_token_scale below): fp32 s_t inside the pad.
+inline constexpr int kTokenScaleOffset = 292;
 static_assert(kRecordBytes == 432);
+static_assert(kTokenScaleOffset >= kPadOffset && kTokenScaleOffset + 4 <= kPadOffset + kPadBytes);
 static_assert(kGroupDim / 2 == 8, "group g occupies latent bytes [8g, 8g+8)");
 }  // namespace nvfp4_ds_mla
 
@@ -90,8 +94,48 @@ inline constexpr int kPadBytes = 12;
 inline constexpr int kRopeOffset = kPadOffset + kPadBytes;         // 304
 inline constexpr int kRecordBytes = kRopeOffset + kRopeDim;        // 368
 inline constexpr float kRopeScaleFactor = 1.0f / kE4m3Max;         // rs = amax * f32(1/448)
+inline constexpr int kTokenScaleOffset = kPadOffset;               // 292: s_t in token-scale mode
 static_assert(kRecordBytes == 368);
 }  // namespace nvfp4_ds_mla_fp8rope
+
+// nvfp4_ds_mla_int8rope (mlakv's own, docs/formats.md): the fp8-rope record's bytes with
+// the rope as int8: [0,288) as nvfp4_ds_mla, fp32 rope scale rs = amax_rope * f32(1/127),
+// 12 zero bytes (or the token scale), 64 x int8 rope q = rne(v / rs) clamped to [-127, 127].
+namespace nvfp4_ds_mla_int8rope {
+inline constexpr int kGroupDim = nvfp4_ds_mla::kGroupDim;
+inline constexpr int kNumGroups = nvfp4_ds_mla::kNumGroups;
+inline constexpr int kLatentOffset = nvfp4_ds_mla::kLatentOffset;
+inline constexpr int kLatentBytes = nvfp4_ds_mla::kLatentBytes;
+inline constexpr int kScaleOffset = nvfp4_ds_mla::kScaleOffset;   // 256
+inline constexpr int kRopeScaleOffset = nvfp4_ds_mla::kPadOffset;  // 288
+inline constexpr int kPadOffset = kRopeScaleOffset + 4;            // 292
+inline constexpr int kPadBytes = 12;
+inline constexpr int kRopeOffset = kPadOffset + kPadBytes;         // 304
+inline constexpr int kRecordBytes = kRopeOffset + kRopeDim;        // 368
+inline constexpr int kInt8Max = 127;                               // codes -127..127 (-128 never written)
+// rs = amax * f32(1/127): the double 1/127 rounded once to float, as the fork spells 1/448.
+inline constexpr float kRopeScaleFactor = static_cast<float>(1.0 / 127.0);
+inline constexpr int kTokenScaleOffset = kPadOffset;               // 292: s_t in token-scale mode
+static_assert(kRecordBytes == 368);
+static_assert(kRecordBytes == nvfp4_ds_mla_fp8rope::kRecordBytes && kRopeOffset == nvfp4_ds_mla_fp8rope::kRopeOffset &&
+              kRopeScaleOffset == nvfp4_ds_mla_fp8rope::kRopeScaleOffset);
+}  // namespace nvfp4_ds_mla_int8rope
+
+// The per-token scale mode of the nvfp4 formats (the local-inference-lab fork's
+// VLLM_NVFP4_MLA_DYNAMIC_SCALE=1, vLLM PR #189 / b12x PR #86; docs/formats.md): the
+// writer stores s_t = token_amax * f32(1/2688) (token_amax = max |latent| over the 512
+// dims) as fp32 at [292, 296) and encodes latent / s_t with the ordinary nvfp4 recipe;
+// the reader multiplies by s_t from the record instead of the layer's s_l (the two do
+// not combine: the mode replaces the outer scale). An all-zero latent stores s_t = 0 and
+// zero codes. The fork ships it on the 368 B record; mlakv also allows it on
+// nvfp4_ds_mla (432 B) and nvfp4_ds_mla_int8rope, at the same offset.
+namespace nvfp4_token_scale {
+inline constexpr int kOffset = 292;
+inline constexpr float kFactor = static_cast<float>(1.0 / 2688.0);  // f32(1/(6*448)), the fork's constant
+static_assert(kOffset == nvfp4_ds_mla::kTokenScaleOffset && kOffset == nvfp4_ds_mla_fp8rope::kTokenScaleOffset &&
+              kOffset == nvfp4_ds_mla_int8rope::kTokenScaleOffset);
+static_assert(kOffset % 4 == 0);
+}  // namespace nvfp4_token_scale
 
 // DSA indexer key cache (DeepSeek-V3.2, GLM-5): 128 fp8 + one fp32 scale per token
 // per indexer layer; vLLM stores a block's keys first, then its scales.
@@ -120,7 +164,9 @@ inline constexpr int kFp8ScalesOffset = 28;    // u32 fp8 tile-scale mode (0 pow
 inline constexpr int kTokensOffset = 32;       // u64 token count
 inline constexpr int kLatentDimOffset = 40;    // u32 latent dim (512)
 inline constexpr int kRopeDimOffset = 44;      // u32 rope dim (64)
-inline constexpr int kPadOffset = 48;          // 16 zero bytes
+inline constexpr int kFlagsOffset = 48;        // u32 flags: bit 0 = nvfp4 token-scale mode
+inline constexpr uint32_t kFlagTokenScale = 1u;
+inline constexpr int kPadOffset = 52;          // 12 zero bytes
 inline constexpr int kHeaderBytes = 64;
 }  // namespace record_file
 
@@ -141,7 +187,7 @@ struct FormatTag {
   static constexpr KvFormat value = F;
 };
 
-static_assert(kNumKvFormats == 5, "visit_format: add a case for the new KvFormat");
+static_assert(kNumKvFormats == 6, "visit_format: add a case for the new KvFormat");
 
 template <class Fn>
 MLAKV_HD constexpr void visit_format(KvFormat f, Fn&& fn) {
@@ -151,6 +197,7 @@ MLAKV_HD constexpr void visit_format(KvFormat f, Fn&& fn) {
     case KvFormat::kNvfp4DsMla: fn(FormatTag<KvFormat::kNvfp4DsMla>{}); return;
     case KvFormat::kNvfp4DsMlaFp8Rope: fn(FormatTag<KvFormat::kNvfp4DsMlaFp8Rope>{}); return;
     case KvFormat::kF32: fn(FormatTag<KvFormat::kF32>{}); return;
+    case KvFormat::kNvfp4DsMlaInt8Rope: fn(FormatTag<KvFormat::kNvfp4DsMlaInt8Rope>{}); return;
   }
 }
 
@@ -162,8 +209,15 @@ MLAKV_HD constexpr R visit_format(KvFormat f, R fallback, Fn&& fn) {
     case KvFormat::kNvfp4DsMla: return fn(FormatTag<KvFormat::kNvfp4DsMla>{});
     case KvFormat::kNvfp4DsMlaFp8Rope: return fn(FormatTag<KvFormat::kNvfp4DsMlaFp8Rope>{});
     case KvFormat::kF32: return fn(FormatTag<KvFormat::kF32>{});
+    case KvFormat::kNvfp4DsMlaInt8Rope: return fn(FormatTag<KvFormat::kNvfp4DsMlaInt8Rope>{});
   }
   return fallback;
+}
+
+// The three nvfp4 records (e2m1 latent + e4m3 group scales in bytes [0, 288)): the formats
+// that take an outer scale s_l or the per-token scale mode.
+MLAKV_HD constexpr bool is_nvfp4_format(KvFormat f) {
+  return f == KvFormat::kNvfp4DsMla || f == KvFormat::kNvfp4DsMlaFp8Rope || f == KvFormat::kNvfp4DsMlaInt8Rope;
 }
 
 // One contiguous byte region of a record, for docs, `mlakv formats` and tests.
@@ -177,7 +231,7 @@ struct FormatInfo {
   KvFormat format;
   std::string_view name;         // CLI / JSON / scale-file name
   int record_bytes;              // at L=512, R=64
-  bool has_outer_scale;          // the nvfp4 formats take a per-layer s_l
+  bool has_outer_scale;          // the nvfp4 formats take a per-layer s_l (or the per-token scale mode)
   std::string_view summary;
   std::span<const RecordRegion> regions;  // tiles [0, record_bytes) in order
   // How vLLM (or the local-inference-lab fork) is told to use this record:

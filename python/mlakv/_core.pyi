@@ -15,13 +15,14 @@ def formats() -> list[dict[str, Any]]:
     """Every record format: name, record_bytes, has_outer_scale, summary, regions [(offset, bytes, what)]."""
 def record_bytes(format: str) -> int: ...
 def encode(latent: Array, rope: Array, format: str, *, outer_scale: float = 1.0, fp8_scales: str = "pow2",
-           out: Optional[Array] = None) -> npt.NDArray[np.uint8]:
-    """latent [n, 512], rope [n, 64] (f32 or bf16, CPU) -> records [n, record_bytes] uint8 (into `out` if given)."""
+           out: Optional[Array] = None, token_scale: bool = False) -> npt.NDArray[np.uint8]:
+    """latent [n, 512], rope [n, 64] (f32 or bf16, CPU) -> records [n, record_bytes] uint8 (into `out` if given).
+    token_scale: the nvfp4 per-token scale mode (s_t at bytes [292, 296); replaces outer_scale)."""
 def decode(records: Array, format: str, *, outer_scale: float = 1.0, latent_dim: int = 512,
-           rope_dim: int = 64) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
+           rope_dim: int = 64, token_scale: bool = False) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
     """records [n, record_bytes] uint8 -> (latent [n, 512], rope [n, 64]) float32."""
 def write_cache(kv_cache: Array, slot_mapping: Array, latent: Array, rope: Array, *, format: str,
-                outer_scale: float = 1.0, fp8_scales: str = "pow2", stream: int = 0) -> None:
+                outer_scale: float = 1.0, fp8_scales: str = "pow2", stream: int = 0, token_scale: bool = False) -> None:
     """vLLM's concat_and_cache_mla: kv_cache [num_blocks, block_size, record_bytes] uint8 (written in place),
     slot_mapping [n] int64/int32 (-1 = padding, skipped), latent [n, 512], rope [n, 64]. All or nothing."""
 
@@ -38,17 +39,20 @@ class CacheLayer:
     @property
     def outer_scale(self) -> float: ...
     @property
+    def token_scale(self) -> bool: ...
+    @property
     def device(self) -> str: ...
     def tensor(self) -> npt.NDArray[np.uint8]:
         """The layer's bytes [num_blocks, block_size, record_bytes] (a view, no copy)."""
 
-def cache_layer(kv_cache: Array, format: str, *, outer_scale: float = 1.0) -> CacheLayer:
+def cache_layer(kv_cache: Array, format: str, *, outer_scale: float = 1.0, token_scale: bool = False) -> CacheLayer:
     """Wraps a caller's [num_blocks, block_size, record_bytes] uint8 tensor (no copy)."""
 
 class PagedCache:
     def __init__(self, num_blocks: int, *, block_size: int = 64, num_layers: int = 1,
                  formats: Sequence[str] = ("bf16",), outer_scales: Sequence[float] = (),
-                 fp8_scales: str = "pow2") -> None: ...
+                 fp8_scales: str = "pow2", token_scale: bool = False) -> None:
+        """token_scale: every layer in the nvfp4 per-token scale mode (nvfp4 formats, no outer_scales)."""
     def add_sequence(self) -> int: ...
     def append(self, seq: int, n: int) -> npt.NDArray[np.int64]:
         """Reserves n tokens; returns their slot ids [n]. All or nothing (MemoryError when full)."""

@@ -160,7 +160,8 @@ struct CacheLayer {
   nb::object owner;  // keeps the memory alive
 };
 
-CacheLayer cache_layer_from_tensor(nb::handle obj, const AnyMutArray& kv, const std::string& format, float outer_scale) {
+CacheLayer cache_layer_from_tensor(nb::handle obj, const AnyMutArray& kv, const std::string& format, float outer_scale,
+                                   bool token_scale = false) {
   const TensorView t = view_of(kv, "kv_cache");
   const KvFormat f = format_of(format);
   if (t.dtype != DType::kU8 || t.ndim != 3) {
@@ -179,6 +180,7 @@ CacheLayer cache_layer_from_tensor(nb::handle obj, const AnyMutArray& kv, const 
   c.view.record_bytes = static_cast<int>(t.size(2));
   c.view.format = f;
   c.view.outer_scale = outer_scale;
+  c.view.token_scale = token_scale;
   c.view.device = t.device;
   check(check_cache_view(c.view, "kv_cache"));
   c.owner = nb::borrow(obj);
@@ -188,7 +190,7 @@ CacheLayer cache_layer_from_tensor(nb::handle obj, const AnyMutArray& kv, const 
 class PagedCache {
  public:
   PagedCache(int64_t num_blocks, int block_size, int num_layers, std::vector<std::string> formats,
-             std::vector<double> outer_scales, const std::string& fp8_scales) {
+             std::vector<double> outer_scales, const std::string& fp8_scales, bool token_scale) {
     KvCache::Config cfg;
     cfg.num_blocks = num_blocks;
     cfg.block_size = block_size;
@@ -208,6 +210,7 @@ class PagedCache {
       LayerFormat lf;
       lf.format = format_of(formats[formats.size() == 1 ? 0 : static_cast<size_t>(l)]);
       if (!outer_scales.empty()) lf.outer_scale = static_cast<float>(outer_scales[static_cast<size_t>(l)]);
+      lf.token_scale = token_scale;
       cfg.layers.push_back(lf);
     }
     cache_ = value(PagedKvCache::create_cpu(cfg));
@@ -369,8 +372,9 @@ nb::object merge_states(const AnyArray& o_parts, const AnyArray& lse_parts, std:
 // ---- codecs -----------------------------------------------------------------------------------------
 
 nb::object encode(const AnyArray& latent, const AnyArray& rope, const std::string& format, float outer_scale,
-                  const std::string& fp8_scales, std::optional<AnyMutArray> out) {
+                  const std::string& fp8_scales, std::optional<AnyMutArray> out, bool token_scale) {
   CodecParams p{format_of(format), outer_scale, fp8_mode_of(fp8_scales)};
+  p.token_scale = token_scale;
   const TensorView lv = view_of(latent, "latent"), rv = view_of(rope, "rope");
   require_cpu(lv, "latent");
   require_cpu(rv, "rope");
@@ -394,8 +398,8 @@ nb::object encode(const AnyArray& latent, const AnyArray& rope, const std::strin
 }
 
 std::tuple<nb::object, nb::object> decode(const AnyArray& records, const std::string& format, float outer_scale,
-                                          int latent_dim, int rope_dim) {
-  CodecParams p{format_of(format), outer_scale, Fp8ScaleMode::kPow2, latent_dim, rope_dim};
+                                          int latent_dim, int rope_dim, bool token_scale) {
+  CodecParams p{format_of(format), outer_scale, Fp8ScaleMode::kPow2, latent_dim, rope_dim, token_scale};
   const TensorView r = view_of(records, "records");
   require_cpu(r, "records");
   if (r.ndim != 2) throw nb::value_error(("records: expected [n, record_bytes], got " + r.shape_string()).c_str());
@@ -414,9 +418,9 @@ std::tuple<nb::object, nb::object> decode(const AnyArray& records, const std::st
 
 void write_cache(const AnyMutArray& kv_cache, const AnyArray& slot_mapping, const AnyArray& latent,
                  const AnyArray& rope, const std::string& format, float outer_scale, const std::string& fp8_scales,
-                 uintptr_t stream) {
+                 uintptr_t stream, bool token_scale) {
   nb::object holder = nb::cast(kv_cache);
-  CacheLayer layer = cache_layer_from_tensor(holder, kv_cache, format, outer_scale);
+  CacheLayer layer = cache_layer_from_tensor(holder, kv_cache, format, outer_scale, token_scale);
   const TensorView s = view_of(slot_mapping, "slot_mapping"), l = view_of(latent, "latent"), r = view_of(rope, "rope");
   const Fp8ScaleMode mode = fp8_mode_of(fp8_scales);
   if (layer.view.device.type == DeviceType::kCuda) {
@@ -507,11 +511,11 @@ NB_MODULE(_core, m) {
   m.def("record_bytes", [](const std::string& format) { return record_bytes(format_of(format)); }, "format"_a);
 
   m.def("encode", &encode, "latent"_a, "rope"_a, "format"_a, nb::kw_only(), "outer_scale"_a = 1.0f,
-        "fp8_scales"_a = "pow2", "out"_a = nb::none());
+        "fp8_scales"_a = "pow2", "out"_a = nb::none(), "token_scale"_a = false);
   m.def("decode", &decode, "records"_a, "format"_a, nb::kw_only(), "outer_scale"_a = 1.0f,
-        "latent_dim"_a = kLatentDim, "rope_dim"_a = kRopeDim);
+        "latent_dim"_a = kLatentDim, "rope_dim"_a = kRopeDim, "token_scale"_a = false);
   m.def("write_cache", &write_cache, "kv_cache"_a, "slot_mapping"_a, "latent"_a, "rope"_a, nb::kw_only(),
-        "format"_a, "outer_scale"_a = 1.0f, "fp8_scales"_a = "pow2", "stream"_a = 0);
+        "format"_a, "outer_scale"_a = 1.0f, "fp8_scales"_a = "pow2", "stream"_a = 0, "token_scale"_a = false);
 
   nb::class_<CacheLayer>(m, "CacheLayer")
       .def_prop_ro("num_blocks", [](const CacheLayer& c) { return c.view.num_blocks; })
@@ -519,21 +523,22 @@ NB_MODULE(_core, m) {
       .def_prop_ro("record_bytes", [](const CacheLayer& c) { return c.view.record_bytes; })
       .def_prop_ro("format", [](const CacheLayer& c) { return std::string(format_name(c.view.format)); })
       .def_prop_ro("outer_scale", [](const CacheLayer& c) { return c.view.outer_scale; })
+      .def_prop_ro("token_scale", [](const CacheLayer& c) { return c.view.token_scale; })
       .def_prop_ro("device", [](const CacheLayer& c) { return device_name(c.view.device); })
       .def("tensor", [](const CacheLayer& c) {
         const size_t shape[3] = {static_cast<size_t>(c.view.num_blocks), static_cast<size_t>(c.view.block_size),
                                  static_cast<size_t>(c.view.record_bytes)};
         return nb::ndarray<nb::numpy, uint8_t>(c.view.data, 3, shape, c.owner);
       }, "The layer's bytes as a [num_blocks, block_size, record_bytes] uint8 array (a view, no copy).");
-  m.def("cache_layer", [](nb::handle kv, const std::string& format, float outer_scale) {
-    return cache_layer_from_tensor(kv, nb::cast<AnyMutArray>(kv), format, outer_scale);
-  }, "kv_cache"_a, "format"_a, nb::kw_only(), "outer_scale"_a = 1.0f);
+  m.def("cache_layer", [](nb::handle kv, const std::string& format, float outer_scale, bool token_scale) {
+    return cache_layer_from_tensor(kv, nb::cast<AnyMutArray>(kv), format, outer_scale, token_scale);
+  }, "kv_cache"_a, "format"_a, nb::kw_only(), "outer_scale"_a = 1.0f, "token_scale"_a = false);
 
   nb::class_<PagedCache>(m, "PagedCache")
-      .def(nb::init<int64_t, int, int, std::vector<std::string>, std::vector<double>, const std::string&>(),
+      .def(nb::init<int64_t, int, int, std::vector<std::string>, std::vector<double>, const std::string&, bool>(),
            "num_blocks"_a, nb::kw_only(), "block_size"_a = kDefaultBlockSize, "num_layers"_a = 1,
            "formats"_a = std::vector<std::string>{"bf16"}, "outer_scales"_a = std::vector<double>{},
-           "fp8_scales"_a = "pow2")
+           "fp8_scales"_a = "pow2", "token_scale"_a = false)
       .def("add_sequence", &PagedCache::add_sequence)
       .def("append", &PagedCache::append, "seq"_a, "n"_a)
       .def("fork", &PagedCache::fork, "seq"_a)

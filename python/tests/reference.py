@@ -19,7 +19,9 @@ def e4m3_to_f64(b):
     return s * v
 
 
-def decode(records, fmt, outer_scale=1.0):
+def decode(records, fmt, outer_scale=1.0, token_scale=False):
+    """token_scale: the nvfp4 per-token scale mode, the latent multiplied by each record's
+    fp32 s_t at bytes [292, 296) instead of outer_scale."""
     r = np.ascontiguousarray(records)
     n = r.shape[0]
     if fmt == "bf16":
@@ -35,7 +37,7 @@ def decode(records, fmt, outer_scale=1.0):
         lat = lat.astype(np.float32) * np.repeat(scales, 128, axis=1).astype(np.float32)
         rope = bf16_to_f64(r[:, 528:656].copy().view(np.uint16))
         return lat, rope
-    if fmt in ("nvfp4_ds_mla", "nvfp4_ds_mla_fp8rope"):
+    if fmt in ("nvfp4_ds_mla", "nvfp4_ds_mla_fp8rope", "nvfp4_ds_mla_int8rope"):
         codes = r[:, :256]
         lo, hi = codes & 0xF, codes >> 4
         q = np.empty((n, 512), dtype=np.float64)
@@ -43,12 +45,19 @@ def decode(records, fmt, outer_scale=1.0):
         q[:, 1::2] = E2M1[hi]
         sf = e4m3_to_f64(r[:, 256:288])  # [n, 32]
         # Reader: x = (e2m1 * e4m3(sf)) * s_l in float32; the product in parentheses is exact.
-        lat = (q * np.repeat(sf, 16, axis=1)).astype(np.float32) * np.float32(outer_scale)
+        if token_scale:
+            scale = r[:, 292:296].copy().view(np.float32)  # [n, 1] s_t
+        else:
+            scale = np.float32(outer_scale)
+        lat = (q * np.repeat(sf, 16, axis=1)).astype(np.float32) * scale
         if fmt == "nvfp4_ds_mla":
             rope = bf16_to_f64(r[:, 304:432].copy().view(np.uint16))
-        else:
+        elif fmt == "nvfp4_ds_mla_fp8rope":
             rs = r[:, 288:292].copy().view(np.float32).astype(np.float64)  # [n, 1]
             rope = e4m3_to_f64(r[:, 304:368]).astype(np.float32) * rs.astype(np.float32)
+        else:  # int8 rope: v = q * rs, q a signed byte
+            rs = r[:, 288:292].copy().view(np.float32)  # [n, 1]
+            rope = r[:, 304:368].view(np.int8).astype(np.float32) * rs
         return lat, rope
     raise ValueError(fmt)
 

@@ -10,7 +10,7 @@ import pytest
 import mlakv
 import reference as ref
 
-FORMATS = ["bf16", "fp8_ds_mla", "nvfp4_ds_mla", "nvfp4_ds_mla_fp8rope", "f32"]
+FORMATS = ["bf16", "fp8_ds_mla", "nvfp4_ds_mla", "nvfp4_ds_mla_fp8rope", "f32", "nvfp4_ds_mla_int8rope"]
 
 
 def latents(rng, n):
@@ -35,7 +35,7 @@ def test_formats_table():
             assert off == end
             end = off + nbytes
         assert end == f["record_bytes"]
-    assert [fm[n]["record_bytes"] for n in FORMATS] == [1152, 656, 432, 368, 2304]
+    assert [fm[n]["record_bytes"] for n in FORMATS] == [1152, 656, 432, 368, 2304, 368]
     if cli:
         out = json.loads(subprocess.run([cli, "formats", "--json"], check=True, capture_output=True).stdout)
         rows = out["formats"] if isinstance(out, dict) else out
@@ -57,12 +57,32 @@ def test_encode_decode_against_numpy_reader(rng, fmt):
     np.testing.assert_array_equal(l2.astype(np.float64), lr.astype(np.float32).astype(np.float64))
     np.testing.assert_array_equal(r2.astype(np.float64), rr.astype(np.float32).astype(np.float64))
     # And the round trip is close to the input (loose: each format's own rounding).
-    tol = {"bf16": 1e-2, "fp8_ds_mla": 0.07, "nvfp4_ds_mla": 0.5, "nvfp4_ds_mla_fp8rope": 0.5, "f32": 0}[fmt]
+    tol = {"bf16": 1e-2, "fp8_ds_mla": 0.07, "nvfp4_ds_mla": 0.5, "nvfp4_ds_mla_fp8rope": 0.5, "f32": 0,
+           "nvfp4_ds_mla_int8rope": 0.5}[fmt]
     if tol == 0:  # unquantized: the values themselves
         np.testing.assert_array_equal(l2, lat)
         np.testing.assert_array_equal(r2, rope)
     else:
         assert np.linalg.norm(l2 - lat) / np.linalg.norm(lat) < tol
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4_ds_mla", "nvfp4_ds_mla_fp8rope", "nvfp4_ds_mla_int8rope"])
+def test_token_scale_mode_against_numpy_reader(rng, fmt):
+    lat, rope = latents(rng, 65)
+    lat[3] *= 1e-3  # a small-magnitude token
+    lat[4] = 0.0  # s_t = 0, zero codes
+    rec = mlakv.encode(lat, rope, fmt, token_scale=True)
+    st = rec[:, 292:296].copy().view(np.float32)[:, 0]
+    # s_t = token_amax * f32(1/2688), the fork's constant (b12x kv_cache.py _TWO_LEVEL_RCP)
+    np.testing.assert_array_equal(st, np.abs(lat).max(axis=1) * np.float32(1.0 / 2688.0))
+    assert not rec[4, :288].any()
+    l2, r2 = mlakv.decode(rec, fmt, token_scale=True)
+    lr, rr = ref.decode(rec, fmt, token_scale=True)
+    np.testing.assert_array_equal(l2, lr.astype(np.float32))
+    np.testing.assert_array_equal(r2, rr.astype(np.float32))
+    assert np.linalg.norm(l2[3] - lat[3]) / np.linalg.norm(lat[3]) < 0.2
+    with pytest.raises(ValueError, match="token_scale"):
+        mlakv.encode(lat, rope, "fp8_ds_mla", token_scale=True)
 
 
 def test_encode_writes_into_the_callers_buffer(rng):
@@ -149,6 +169,45 @@ def test_vllm_style_kv_cache_tensor_used_in_place(rng):
     # The FlashMLA byte convention: the first 512 bytes e4m3, 4 fp32 scales, bf16 rope.
     scales = flat[17, 512:528].copy().view(np.float32)
     assert np.all(scales > 0) and np.all(np.log2(scales) == np.round(np.log2(scales)))  # pow2 tile scales
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4_ds_mla_fp8rope", "nvfp4_ds_mla_int8rope"])
+def test_token_scale_kv_cache_written_and_attended(rng, fmt):
+    # The vLLM-style path in the per-token scale mode: write_cache stores s_t, cache_layer
+    # reads it back for mla_decode; against the numpy reader and float64 attention.
+    nb, bs, T, H = 4, 16, 40, 4
+    rb = mlakv.record_bytes(fmt)
+    kv = np.zeros((nb, bs, rb), dtype=np.uint8)
+    lat, rope = latents(rng, T)
+    lat[5] *= 1e-3
+    slots = np.arange(T, dtype=np.int64) + 3
+    mlakv.write_cache(kv, slots, lat, rope, format=fmt, token_scale=True)
+    flat = kv.reshape(-1, rb)
+    np.testing.assert_array_equal(flat[slots], mlakv.encode(lat, rope, fmt, token_scale=True))
+    layer = mlakv.cache_layer(kv, fmt, token_scale=True)
+    assert layer.token_scale
+    q = rng.standard_normal((1, 1, H, 576)).astype(np.float32)
+    idx = slots[None, None, :].astype(np.int32)
+    out, lse = mlakv.mla_decode(q, layer, softmax_scale=0.1, indices=idx)
+    kl, kr = ref.decode(flat[slots], fmt, token_scale=True)
+    ro, rl = ref.attention(q[0, 0], np.concatenate([kl, kr], axis=1), 0.1, T)
+    np.testing.assert_allclose(out[0, 0], ro, rtol=0, atol=2e-4 * np.abs(ro).max() + 1e-6)
+    np.testing.assert_allclose(lse[0, 0], rl, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="token_scale"):
+        mlakv.cache_layer(kv, fmt, token_scale=True, outer_scale=0.5)
+
+
+def test_paged_cache_in_token_scale_mode(rng):
+    lat, rope = latents(rng, 30)
+    cache = mlakv.PagedCache(num_blocks=2, block_size=16, formats=["nvfp4_ds_mla"], token_scale=True)
+    seq = cache.add_sequence()
+    slots = cache.append(seq, 30)
+    cache.write(0, slots, lat, rope)
+    assert cache.layer(0).token_scale
+    rec = cache.layer(0).tensor().reshape(-1, 432)[slots]
+    np.testing.assert_array_equal(rec, mlakv.encode(lat, rope, "nvfp4_ds_mla", token_scale=True))
+    with pytest.raises(ValueError, match="token_scale"):
+        mlakv.PagedCache(num_blocks=2, block_size=16, formats=["bf16"], token_scale=True)
 
 
 def test_merge_attn_states_against_numpy(rng):

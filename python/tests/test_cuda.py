@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(not (mlakv.cuda_available() and torch.cuda.is_available()),
                                 reason="needs a CUDA build of mlakv and a GPU")
 
-FORMATS = ["bf16", "fp8_ds_mla", "nvfp4_ds_mla", "nvfp4_ds_mla_fp8rope"]
+FORMATS = ["bf16", "fp8_ds_mla", "nvfp4_ds_mla", "nvfp4_ds_mla_fp8rope", "nvfp4_ds_mla_int8rope"]
 
 
 def stream():

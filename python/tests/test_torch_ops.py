@@ -36,7 +36,7 @@ def _case(device, fmt, T=150, H=16, seed=0):
 
 @needs_ops
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("fmt", ["bf16", "fp8_ds_mla", "nvfp4_ds_mla", "nvfp4_ds_mla_fp8rope"])
+@pytest.mark.parametrize("fmt", ["bf16", "fp8_ds_mla", "nvfp4_ds_mla", "nvfp4_ds_mla_fp8rope", "nvfp4_ds_mla_int8rope"])
 def test_ops_match_the_binding(device, fmt):
     kv, slots, lat, rope, q, table, seqlens = _case(device, fmt)
     ops.write_cache(kv, slots, lat, rope, format=fmt)

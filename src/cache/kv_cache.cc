@@ -29,6 +29,7 @@ Status check_cache_view(const CacheLayerView& c, std::string_view name) {
   if (!std::isfinite(c.outer_scale) || !(c.outer_scale > 0.0f)) {
     return invalid_argument(fmt::format("{}: outer_scale must be finite and > 0, got {}", name, c.outer_scale));
   }
+  MLAKV_RETURN_IF_ERROR(check_token_scale(c.format, c.token_scale, c.outer_scale, name));
   if (c.format == KvFormat::kF32 && c.device.type == DeviceType::kCuda) {
     return unimplemented(fmt::format("{}: format f32 is a CPU parity-check format; the CUDA backend has no f32 "
                                      "kernels (use bf16 on the GPU)",
@@ -49,7 +50,7 @@ StatusOr<std::unique_ptr<KvCache>> KvCache::create_cpu(const Config& config) {
   c->config_ = config;
   for (int l = 0; l < config.num_layers; ++l) {
     const LayerFormat lf = config.layers.size() == 1 ? config.layers[0] : config.layers[static_cast<std::size_t>(l)];
-    CodecParams p{lf.format, lf.outer_scale, config.fp8_scales, config.latent_dim, config.rope_dim};
+    CodecParams p{lf.format, lf.outer_scale, config.fp8_scales, config.latent_dim, config.rope_dim, lf.token_scale};
     auto rb = codec_record_bytes(p);
     if (!rb.ok()) return rb.status().with_context(fmt::format("layer {}", l));
     const double bytes = static_cast<double>(config.num_blocks) * config.block_size * *rb;
@@ -79,6 +80,7 @@ StatusOr<CacheLayerView> KvCache::layer(int l) const {
   v.record_bytes = record_bytes_[static_cast<std::size_t>(l)];
   v.format = layers_[static_cast<std::size_t>(l)].format;
   v.outer_scale = layers_[static_cast<std::size_t>(l)].outer_scale;
+  v.token_scale = layers_[static_cast<std::size_t>(l)].token_scale;
   v.device = Device::cpu();
   v.latent_dim = config_.latent_dim;
   v.rope_dim = config_.rope_dim;
@@ -115,7 +117,7 @@ Status write_cache_layer(const CacheLayerView& v, const TensorView& slots, const
   // Encode into a staging buffer through the checked codec (shape/dtype/finiteness
   // checks happen there), then scatter: a failure leaves the cache untouched.
   std::vector<uint8_t> staged(static_cast<std::size_t>(n) * static_cast<std::size_t>(v.record_bytes));
-  CodecParams p{v.format, v.outer_scale, fp8_scales, v.latent_dim, v.rope_dim};
+  CodecParams p{v.format, v.outer_scale, fp8_scales, v.latent_dim, v.rope_dim, v.token_scale};
   MLAKV_RETURN_IF_ERROR(
       encode_records(p, latent, rope, TensorView::contiguous(staged.data(), DType::kU8, {n, v.record_bytes})));
   for (int64_t i = 0; i < n; ++i) {
@@ -131,7 +133,9 @@ Status KvCache::write(int l, const TensorView& slots, const TensorView& latent, 
   MLAKV_RETURN_IF_ERROR(
       write_cache_layer(v, slots, latent, rope, config_.fp8_scales).with_context(fmt::format("layer {}", l)));
   const std::size_t li = static_cast<std::size_t>(l);
-  if (config_.on_warning && format_info(v.format).has_outer_scale && !warned_[li]) {
+  // (The token-scale mode needs no warning: it puts every token's largest group scale at
+  // the top of the e4m3 range.)
+  if (config_.on_warning && format_info(v.format).has_outer_scale && !v.token_scale && !warned_[li]) {
     MLAKV_ASSIGN_OR_RETURN(Nvfp4ScaleCheck c, nvfp4_scale_check(latent, v.outer_scale));
     scale_checks_[li].add(c);
     if (scale_checks_[li].degraded()) {

@@ -183,7 +183,7 @@ StatusOr<CacheLayerFormats> cache_layer_formats(KvFormat format, int num_layers,
   if (scales != nullptr && !has_outer) {
     r.warning = fmt::format(
         "format {} has no outer scale: the {}-layer scale file is ignored (outer scales apply to "
-        "nvfp4_ds_mla and nvfp4_ds_mla_fp8rope)",
+        "nvfp4_ds_mla, nvfp4_ds_mla_fp8rope and nvfp4_ds_mla_int8rope)",
         format_name(format), scales->num_layers());
   }
   if (scales != nullptr && has_outer && num_layers > scales->num_layers()) {

@@ -21,6 +21,7 @@ struct CodecArgs {
   std::string format;
   std::optional<float> outer_scale;
   std::optional<std::string> fp8_scales;
+  bool token_scale = false;  // nvfp4 per-token scale mode
   std::string in, out;
   std::string in_dtype = "f32";  // raw input files
   std::string tensor;            // safetensors input
@@ -47,7 +48,8 @@ StatusOr<CodecParams> to_params(const std::string& format, const CodecArgs& a) {
                                           format_name(p.format)));
     }
   }
-  MLAKV_RETURN_IF_ERROR(codec_record_bytes(p).status().with_context("--format/--outer-scale"));
+  p.token_scale = a.token_scale;
+  MLAKV_RETURN_IF_ERROR(codec_record_bytes(p).status().with_context("--format/--outer-scale/--token-scale"));
   return p;
 }
 
@@ -218,7 +220,7 @@ StatusOr<std::vector<uint8_t>> encode(const CodecParams& p, std::vector<float>& 
   const RowViews v = views(rows.data(), n);
   MLAKV_RETURN_IF_ERROR(
       encode_records(p, v.latent, v.rope, TensorView::contiguous(out.data(), DType::kU8, {n, rb})).with_context(what));
-  if (warn && format_info(p.format).has_outer_scale && n > 0) {
+  if (warn && format_info(p.format).has_outer_scale && !p.token_scale && n > 0) {
     MLAKV_ASSIGN_OR_RETURN(Nvfp4ScaleCheck c, nvfp4_scale_check(v.latent, p.outer_scale));
     const std::string w = nvfp4_scale_warning(p.format, c, p.outer_scale);
     if (!w.empty()) std::fprintf(stderr, "warning: %s: %s\n", what.c_str(), w.c_str());
@@ -253,11 +255,11 @@ Status run_encode(const CodecArgs& a) {
   MLAKV_RETURN_IF_ERROR(io::write_file(a.out, out.data(), out.size()));
   const int rb = record_bytes(p.format);
   if (a.json) {
-    print_json({{"format", a.format}, {"outer_scale", p.outer_scale}, {"tokens", n}, {"record_bytes", rb},
-                {"in_bytes", rows.size() * sizeof(float)}, {"out_bytes", out.size()}, {"raw", a.raw}, {"out", a.out}});
+    print_json({{"format", a.format}, {"outer_scale", p.outer_scale}, {"token_scale", p.token_scale}, {"tokens", n},
+                {"record_bytes", rb}, {"in_bytes", rows.size() * sizeof(float)}, {"out_bytes", out.size()}, {"raw", a.raw}, {"out", a.out}});
   } else {
-    fmt::print("encoded {} tokens -> {} B {} ({} B per record{})\n", n, out.size(), a.format, rb,
-               a.raw ? ", raw: no header" : ", 64 B header");
+    fmt::print("encoded {} tokens -> {} B {}{} ({} B per record{})\n", n, out.size(), a.format,
+               p.token_scale ? " (token-scale mode)" : "", rb, a.raw ? ", raw: no header" : ", 64 B header");
   }
   return Status::Ok();
 }
@@ -295,6 +297,9 @@ Status run_decode(const CodecArgs& a) {
       return invalid_argument(fmt::format("--outer-scale {}: {} was written with outer scale {}", *a.outer_scale, a.in,
                                           p.outer_scale));
     }
+    if (a.token_scale && !p.token_scale) {
+      return invalid_argument(fmt::format("--token-scale: {} was written without the token-scale mode", a.in));
+    }
   }
   const int rb = record_bytes(p.format);
   std::vector<float> rows(static_cast<std::size_t>(n) * kQkDim);
@@ -304,10 +309,11 @@ Status run_decode(const CodecArgs& a) {
   MLAKV_RETURN_IF_ERROR(write_rows(a.out, rows, n));
   const std::string fname(format_name(p.format));
   if (a.json) {
-    print_json({{"format", fname}, {"outer_scale", p.outer_scale}, {"tokens", n}, {"record_bytes", rb},
-                {"in_bytes", in.size()}, {"out_bytes", rows.size() * sizeof(float)}, {"out", a.out}});
+    print_json({{"format", fname}, {"outer_scale", p.outer_scale}, {"token_scale", p.token_scale}, {"tokens", n},
+                {"record_bytes", rb}, {"in_bytes", in.size()}, {"out_bytes", rows.size() * sizeof(float)}, {"out", a.out}});
   } else {
-    fmt::print("decoded {} {} records (outer scale {}) -> float32 [{}, {}]\n", n, fname, p.outer_scale, n, kQkDim);
+    fmt::print("decoded {} {} records ({}) -> float32 [{}, {}]\n", n, fname,
+               p.token_scale ? std::string("token-scale mode") : fmt::format("outer scale {}", p.outer_scale), n, kQkDim);
   }
   return Status::Ok();
 }
@@ -376,11 +382,17 @@ ScaleError scale_error(const CodecParams& p, const std::vector<float>& rows, con
         break;
       }
       case KvFormat::kNvfp4DsMla:
-      case KvFormat::kNvfp4DsMlaFp8Rope: {
+      case KvFormat::kNvfp4DsMlaFp8Rope:
+      case KvFormat::kNvfp4DsMlaInt8Rope: {
         namespace N = layout::nvfp4_ds_mla;
-        s.what = fmt::format("{} e4m3 group scales vs amax(latent/s_l)/6", N::kNumGroups);
+        // The divisor of latent: s_l, or the record's own s_t in token-scale mode.
+        float st = 0.0f;
+        if (p.token_scale) std::memcpy(&st, r + layout::nvfp4_token_scale::kOffset, 4);
+        const double lat_scale = p.token_scale ? static_cast<double>(st) : p.outer_scale;
+        s.what = fmt::format("{} e4m3 group scales vs amax(latent/{})/6", N::kNumGroups, p.token_scale ? "s_t" : "s_l");
         for (int g = 0; g < N::kNumGroups; ++g) {
-          const double exact = amax(t, g * N::kGroupDim, N::kGroupDim, 6.0 * p.outer_scale);
+          if (lat_scale == 0) continue;  // token-scale mode, all-zero token: no scales
+          const double exact = amax(t, g * N::kGroupDim, N::kGroupDim, 6.0 * lat_scale);
           if (exact > 0) ++s.groups;
           if (exact > 0 && exact < 0.015625) ++s.subnormal;
           add(exact, e4m3_to_f32(r[N::kScaleOffset + g]));
@@ -391,6 +403,12 @@ ScaleError scale_error(const CodecParams& p, const std::vector<float>& rows, con
           float v;
           std::memcpy(&v, r + R::kRopeScaleOffset, 4);
           add(amax(t, kLatentDim, kRopeDim, kE4m3Max), v);
+        } else if (p.format == KvFormat::kNvfp4DsMlaInt8Rope) {
+          namespace R = layout::nvfp4_ds_mla_int8rope;
+          s.what += ", fp32 rope scale vs amax/127";
+          float v;
+          std::memcpy(&v, r + R::kRopeScaleOffset, 4);
+          add(amax(t, kLatentDim, kRopeDim, R::kInt8Max), v);
         }
         break;
       }
@@ -418,6 +436,7 @@ Status run_stats(const CodecArgs& a) {
       // --outer-scale / --fp8-scales apply to the formats that have them.
       const KvFormat f = *parse_format(name);
       if (!format_info(f).has_outer_scale) fa.outer_scale.reset();
+      if (!is_nvfp4_format(f)) fa.token_scale = false;
       if (f != KvFormat::kFp8DsMla) fa.fp8_scales.reset();
     }
     MLAKV_ASSIGN_OR_RETURN(CodecParams p, to_params(name, fa));
@@ -476,6 +495,9 @@ void add_input(CLI::App* c, CodecArgs& a) {
 void add_params(CLI::App* c, CodecArgs& a) {
   c->add_option("--outer-scale", a.outer_scale, "Layer outer scale s_l (nvfp4 formats; default 1)");
   c->add_option("--fp8-scales", a.fp8_scales, "fp8_ds_mla tile scales: pow2 (default) or exact");
+  c->add_flag("--token-scale", a.token_scale,
+              "nvfp4 formats: the per-token scale mode (fp32 s_t = token_amax/2688 at bytes [292, 296), group scales "
+              "relative to it; the fork's VLLM_NVFP4_MLA_DYNAMIC_SCALE=1); replaces --outer-scale");
 }
 
 }  // namespace

@@ -23,7 +23,8 @@ namespace {
 namespace fs = std::filesystem;
 
 struct EvalArgs {
-  std::string model, text, tokens, formats = "bf16,fp8_ds_mla,nvfp4_ds_mla,nvfp4_ds_mla_fp8rope", scales, plot;
+  std::string model, text, tokens, formats = "bf16,fp8_ds_mla,nvfp4_ds_mla,nvfp4_ds_mla_fp8rope,nvfp4_ds_mla_int8rope",
+              scales, plot;
   int64_t context = 2048, windows = 32, calib_windows = 4;
   int needle = 0, threads = 0, block_size = kDefaultBlockSize;
   bool json = false;
@@ -34,15 +35,29 @@ std::string fmt_kld(double v) { return v == 0 ? "0" : fmt::format("{:.3e}", v); 
 Status run_eval(const EvalArgs& a) {
   if (a.text.empty() == a.tokens.empty()) return invalid_argument("give exactly one of --text FILE and --tokens FILE");
   if (a.threads < 0) return invalid_argument(fmt::format("--threads must be >= 0 (0 = all cores), got {}", a.threads));
-  std::vector<KvFormat> formats;
+  // Each entry: a format name, or an nvfp4 format + kTokenScaleSuffix (the per-token scale mode).
+  struct FormatRow {
+    KvFormat format;
+    bool token_scale;
+    bool operator==(const FormatRow&) const = default;
+  };
+  constexpr std::string_view kTokenScaleSuffix = "+token-scale";
+  std::vector<FormatRow> formats;
   {
     std::stringstream ss(a.formats);
     std::string f;
     while (std::getline(ss, f, ',')) {
       if (f.empty()) continue;
-      const auto k = parse_format(f);
-      if (!k) return invalid_argument(fmt::format("--formats: unknown format '{}'", f));
-      if (std::find(formats.begin(), formats.end(), *k) == formats.end()) formats.push_back(*k);
+      const bool ts = f.size() > kTokenScaleSuffix.size() && f.ends_with(kTokenScaleSuffix);
+      const std::string name = ts ? f.substr(0, f.size() - kTokenScaleSuffix.size()) : f;
+      const auto k = parse_format(name);
+      if (!k) return invalid_argument(fmt::format("--formats: unknown format '{}'", name));
+      if (ts && !is_nvfp4_format(*k)) {
+        return invalid_argument(fmt::format("--formats {}: {} is a mode of the nvfp4 formats only", f,
+                                            kTokenScaleSuffix));
+      }
+      const FormatRow row{*k, ts};
+      if (std::find(formats.begin(), formats.end(), row) == formats.end()) formats.push_back(row);
     }
     if (formats.empty()) return invalid_argument("--formats: no format given");
   }
@@ -86,9 +101,15 @@ Status run_eval(const EvalArgs& a) {
     }
   }
   std::vector<EvalCacheSpec> specs;
-  for (KvFormat f : formats) {
-    specs.push_back({f, {}, "none"});
-    if (!scales_label.empty() && format_info(f).has_outer_scale) specs.push_back({f, scales, scales_label});
+  for (const FormatRow& f : formats) {
+    if (f.token_scale) {  // the mode replaces s_l: one row, no --scales variant
+      specs.push_back({f.format, {}, "token", true});
+      continue;
+    }
+    specs.push_back({f.format, {}, "none"});
+    if (!scales_label.empty() && format_info(f.format).has_outer_scale) {
+      specs.push_back({f.format, scales, scales_label});
+    }
   }
   EvalReport rep;
   {
@@ -146,6 +167,7 @@ Status run_eval(const EvalArgs& a) {
       rows.push_back({{"format", format_name(r.spec.format)},
                       {"record_bytes", record_bytes(r.spec.format)},
                       {"scales", r.spec.scales_label},
+                      {"token_scale", r.spec.token_scale},
                       {"kld_mean", r.kld.kld_mean()},
                       {"kld_p99", r.kld.kld_p99()},
                       {"kld_max", r.kld.kld_max()},
@@ -196,10 +218,19 @@ Status run_generate(const GenArgs& a) {
   }
   if (a.threads < 0) return invalid_argument(fmt::format("--threads must be >= 0 (0 = all cores), got {}", a.threads));
   EvalCacheSpec spec;
-  // "reference" is the unquantized f32 record format, the reference `eval` measures against.
-  const auto f = a.format == "reference" ? std::optional<KvFormat>(KvFormat::kF32) : parse_format(a.format);
-  if (!f) return invalid_argument(fmt::format("--format: unknown format '{}'", a.format));
+  // "reference" is the unquantized f32 record format, the reference `eval` measures against;
+  // an nvfp4 format + "+token-scale" is that format in the per-token scale mode.
+  constexpr std::string_view kTokenScaleSuffix = "+token-scale";
+  const bool ts = a.format.size() > kTokenScaleSuffix.size() && a.format.ends_with(kTokenScaleSuffix);
+  const std::string name = ts ? a.format.substr(0, a.format.size() - kTokenScaleSuffix.size()) : a.format;
+  const auto f = name == "reference" ? std::optional<KvFormat>(KvFormat::kF32) : parse_format(name);
+  if (!f) return invalid_argument(fmt::format("--format: unknown format '{}'", name));
+  if (ts && !is_nvfp4_format(*f)) {
+    return invalid_argument(fmt::format("--format {}: +token-scale is a mode of the nvfp4 formats only", a.format));
+  }
   spec.format = *f;
+  spec.token_scale = ts;
+  if (ts) spec.scales_label = "token";
   MLAKV_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::load(a.model, ModelLoadOptions{.threads = a.threads}));
   MLAKV_ASSIGN_OR_RETURN(Tokenizer tok, tokenizer_for(a.model, *model));
   MLAKV_ASSIGN_OR_RETURN(std::vector<int32_t> prompt, tok.encode(a.prompt, true));
@@ -216,6 +247,7 @@ Status run_generate(const GenArgs& a) {
   const double decode_tps = g.decode_seconds > 0 ? g.tokens.size() / g.decode_seconds : 0;
   if (a.json) {
     const nlohmann::json j = {{"format", std::string(format_name(spec.format))},
+                              {"token_scale", spec.token_scale},
                               {"prompt_tokens", prompt.size()},
                               {"generated_tokens", g.tokens.size()},
                               {"tokens", g.tokens},
@@ -296,7 +328,10 @@ void add_eval_command(Cli& cli) {
   cmd->add_option("--context", a->context, "tokens per window")->capture_default_str();
   cmd->add_option("--windows", a->windows, "windows: the first N consecutive, non-overlapping slices of the input")
       ->capture_default_str();
-  cmd->add_option("--formats", a->formats, "comma-separated record formats")->capture_default_str();
+  cmd->add_option("--formats", a->formats,
+                  "comma-separated record formats; an nvfp4 format with the suffix +token-scale (e.g. "
+                  "nvfp4_ds_mla_fp8rope+token-scale) is a row in the per-token scale mode (scales column 'token')")
+      ->capture_default_str();
   cmd->add_option("--scales", a->scales,
                   "outer scales for the nvfp4 formats: a nvfp4_ds_mla_outer_scale_v1 file, or 'auto' to calibrate on "
                   "the input after the eval windows (both uncalibrated and calibrated rows are reported)");
@@ -313,7 +348,9 @@ void add_eval_command(Cli& cli) {
   auto* gen = cli.app.add_subcommand("generate", "Greedy decoding through the paged cache in a record format");
   gen->add_option("--model", g->model, "Hugging Face checkpoint directory")->required();
   gen->add_option("--prompt", g->prompt, "prompt text")->required();
-  gen->add_option("--format", g->format, "cache record format (f32: the unquantized reference eval measures against)")
+  gen->add_option("--format", g->format,
+                  "cache record format (f32: the unquantized reference eval measures against; an nvfp4 format + "
+                  "'+token-scale': the per-token scale mode)")
       ->capture_default_str();
   gen->add_option("--max-tokens", g->max_tokens, "tokens to generate at most (stops at EOS)")->capture_default_str();
   gen->add_option("--threads", g->threads, "CPU threads (0 = all cores)")->capture_default_str();

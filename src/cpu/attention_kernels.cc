@@ -42,7 +42,7 @@ using DQ = hn::CappedTag<float, 8>;  // dequantization: at most 8 lanes (one nvf
 constexpr int kK = kQkDim;       // 576
 constexpr int kV = kLatentDim;   // 512
 
-bool permuted_latent(KvFormat f) { return f == KvFormat::kNvfp4DsMla || f == KvFormat::kNvfp4DsMlaFp8Rope; }
+bool permuted_latent(KvFormat f) { return is_nvfp4_format(f); }
 
 // Tile position of latent dim i.
 int tile_pos(KvFormat f, int i) {
@@ -104,6 +104,19 @@ HWY_INLINE void E4m3ToF32(const uint8_t* src, int n, float scale, float* dst) {
   }
 }
 
+// n int8 bytes times `scale` -> float (one rounding, as the scalar rope_int8_dequantize).
+HWY_INLINE void Int8ToF32(const uint8_t* src, int n, float scale, float* dst) {
+  const DQ d;
+  const hn::RebindToSigned<DQ> di;
+  const hn::Rebind<int8_t, DQ> d8;
+  const int N = static_cast<int>(hn::Lanes(d));
+  const auto vs = hn::Set(d, scale);
+  const int8_t* s8 = reinterpret_cast<const int8_t*>(src);
+  for (int i = 0; i < n; i += N) {
+    hn::StoreU(hn::Mul(hn::ConvertTo(d, hn::PromoteTo(di, hn::LoadU(d8, s8 + i))), vs), d, dst + i);
+  }
+}
+
 // 512 e2m1 latents with 32 group scales and the outer scale -> permuted float tile row.
 HWY_INLINE void Nvfp4LatentToF32(const uint8_t* rec, float outer, float* dst) {
   namespace N4 = layout::nvfp4_ds_mla;
@@ -138,12 +151,16 @@ HWY_INLINE void DequantRecord(const CacheLayerView& c, const uint8_t* rec, float
       }
       Bf16ToF32(rec + L8::kRopeOffset, kRopeDim, row + kLatentDim);
     } else if constexpr (F == KvFormat::kNvfp4DsMla) {
-      Nvfp4LatentToF32(rec, c.outer_scale, row);
+      Nvfp4LatentToF32(rec, codec::nvfp4_latent_scale(rec, c.outer_scale, c.token_scale), row);
       Bf16ToF32(rec + layout::nvfp4_ds_mla::kRopeOffset, kRopeDim, row + kLatentDim);
     } else if constexpr (F == KvFormat::kNvfp4DsMlaFp8Rope) {
       namespace R = layout::nvfp4_ds_mla_fp8rope;
-      Nvfp4LatentToF32(rec, c.outer_scale, row);
+      Nvfp4LatentToF32(rec, codec::nvfp4_latent_scale(rec, c.outer_scale, c.token_scale), row);
       E4m3ToF32(rec + R::kRopeOffset, kRopeDim, codec::load_f32(rec + R::kRopeScaleOffset), row + kLatentDim);
+    } else if constexpr (F == KvFormat::kNvfp4DsMlaInt8Rope) {
+      namespace R = layout::nvfp4_ds_mla_int8rope;
+      Nvfp4LatentToF32(rec, codec::nvfp4_latent_scale(rec, c.outer_scale, c.token_scale), row);
+      Int8ToF32(rec + R::kRopeOffset, kRopeDim, codec::load_f32(rec + R::kRopeScaleOffset), row + kLatentDim);
     } else {
       static_assert(F == KvFormat::kF32);
       for (int i = 0; i < kQkDim; ++i) row[i] = codec::load_f32(rec + 4 * i);

@@ -71,7 +71,7 @@ Status mla_attention_reference(const MlaAttentionParams& p) {
   if (p.cache.device.type != DeviceType::kCpu) return invalid_argument("the reference runs on CPU tensors only");
   reference_impl(p, [&](int64_t slot, double* k) {
     float lat[kLatentDim], rope[kRopeDim];
-    codec::decode_record(p.cache.format, p.cache.record(slot), p.cache.outer_scale, lat, rope);
+    codec::decode_record(p.cache.format, p.cache.record(slot), p.cache.outer_scale, lat, rope, p.cache.token_scale);
     for (int d = 0; d < kLatentDim; ++d) k[d] = lat[d];
     for (int d = 0; d < kRopeDim; ++d) k[kLatentDim + d] = rope[d];
   });

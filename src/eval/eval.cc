@@ -25,6 +25,12 @@ StatusOr<std::unique_ptr<PagedKvCache>> cache_for(const Model& model, const Eval
                                                   int block_size) {
   const OuterScales* scales = spec.scales.num_layers() > 0 ? &spec.scales : nullptr;
   MLAKV_ASSIGN_OR_RETURN(CacheLayerFormats f, cache_layer_formats(spec.format, model.num_layers(), scales));
+  if (spec.token_scale) {
+    for (LayerFormat& lf : f.layers) {
+      lf.token_scale = true;
+      MLAKV_RETURN_IF_ERROR(check_token_scale(lf.format, true, lf.outer_scale, "eval cache spec"));
+    }
+  }
   return model.create_cache(f.layers, tokens, block_size);
 }
 

@@ -39,6 +39,23 @@ Status check_finite_rows(const TensorView& x, std::string_view name, int d) {
 
 }  // namespace
 
+Status check_token_scale(KvFormat format, bool token_scale, float outer_scale, std::string_view name) {
+  if (!token_scale) return Status::Ok();
+  if (!is_nvfp4_format(format)) {
+    return invalid_argument(fmt::format(
+        "{}: token_scale is a mode of the nvfp4 formats (nvfp4_ds_mla, nvfp4_ds_mla_fp8rope, nvfp4_ds_mla_int8rope), "
+        "not of {}",
+        name, format_name(format)));
+  }
+  if (outer_scale != 1.0f) {
+    return invalid_argument(fmt::format(
+        "{}: token_scale replaces the outer scale (as the fork refuses VLLM_NVFP4_MLA_DYNAMIC_SCALE with a scales "
+        "file); got outer_scale {}, expected 1",
+        name, outer_scale));
+  }
+  return Status::Ok();
+}
+
 StatusOr<int> codec_record_bytes(const CodecParams& p) {
   if (static_cast<int>(p.format) >= kNumKvFormats) {
     return invalid_argument(fmt::format("format: unknown format id {}", static_cast<int>(p.format)));
@@ -60,6 +77,7 @@ StatusOr<int> codec_record_bytes(const CodecParams& p) {
     return invalid_argument(fmt::format("outer_scale {} given for format {}, which has no outer scale",
                                         p.outer_scale, format_name(p.format)));
   }
+  MLAKV_RETURN_IF_ERROR(check_token_scale(p.format, p.token_scale, p.outer_scale, "codec"));
   return bytes;
 }
 
@@ -84,7 +102,7 @@ Status encode_records(const CodecParams& p, const TensorView& latent, const Tens
     } else if (p.format == KvFormat::kF32) {
       codec::encode_f32_record(lat.data(), p.latent_dim, rop.data(), p.rope_dim, rec);
     } else {
-      codec::encode_record(p.format, lat.data(), rop.data(), p.outer_scale, p.fp8_scales, rec);
+      codec::encode_record(p.format, lat.data(), rop.data(), p.outer_scale, p.fp8_scales, rec, p.token_scale);
     }
   }
   return Status::Ok();
@@ -92,7 +110,7 @@ Status encode_records(const CodecParams& p, const TensorView& latent, const Tens
 
 namespace {
 
-Status validate_record(KvFormat f, const uint8_t* rec, int64_t t) {
+Status validate_record(KvFormat f, const uint8_t* rec, int64_t t, bool token_scale) {
   auto bad_e4m3 = [&](int begin, int count, std::string_view what) -> Status {
     for (int i = 0; i < count; ++i) {
       if ((rec[begin + i] & 0x7Fu) == kE4m3NaN) {
@@ -115,15 +133,31 @@ Status validate_record(KvFormat f, const uint8_t* rec, int64_t t) {
       }
       return bad_e4m3(L8::kLatentOffset, kLatentDim, "latent");
     } else {
+      static_assert(is_nvfp4_format(F));
       namespace N = layout::nvfp4_ds_mla;
       MLAKV_RETURN_IF_ERROR(bad_e4m3(N::kScaleOffset, N::kNumGroups, "group scale"));
-      if constexpr (F == KvFormat::kNvfp4DsMlaFp8Rope) {
-        namespace R = layout::nvfp4_ds_mla_fp8rope;
-        const float rs = codec::load_f32(rec + R::kRopeScaleOffset);
+      if (token_scale) {
+        const float st = codec::load_f32(rec + layout::nvfp4_token_scale::kOffset);
+        if (!std::isfinite(st) || st < 0.0f) {
+          return data_loss(fmt::format("record {}: token scale s_t is {} (must be finite and >= 0)", t, st));
+        }
+      }
+      auto rope_scale = [&](int offset) -> Status {
+        const float rs = codec::load_f32(rec + offset);
         if (!std::isfinite(rs) || rs < 0.0f) {
           return data_loss(fmt::format("record {}: rope scale is {} (must be finite and >= 0)", t, rs));
         }
+        return Status::Ok();
+      };
+      if constexpr (F == KvFormat::kNvfp4DsMlaFp8Rope) {
+        namespace R = layout::nvfp4_ds_mla_fp8rope;
+        MLAKV_RETURN_IF_ERROR(rope_scale(R::kRopeScaleOffset));
         MLAKV_RETURN_IF_ERROR(bad_e4m3(R::kRopeOffset, kRopeDim, "rope"));
+      } else if constexpr (F == KvFormat::kNvfp4DsMlaInt8Rope) {
+        MLAKV_RETURN_IF_ERROR(rope_scale(layout::nvfp4_ds_mla_int8rope::kRopeScaleOffset));
+        // every int8 byte decodes (-128 is never written but reads as -128 * rs)
+      } else {
+        static_assert(F == KvFormat::kNvfp4DsMla);
       }
       return Status::Ok();
     }
@@ -141,7 +175,7 @@ Status decode_records(const CodecParams& p, const TensorView& records, const Ten
   MLAKV_RETURN_IF_ERROR(check_tensor(rope, "rope", {{DType::kF32}, {n, p.rope_dim}}, Device::cpu()));
   for (int64_t t = 0; t < n; ++t) {
     const uint8_t* rec = records.ptr<const uint8_t>() + t * records.stride(0);
-    MLAKV_RETURN_IF_ERROR(validate_record(p.format, rec, t));
+    MLAKV_RETURN_IF_ERROR(validate_record(p.format, rec, t, p.token_scale));
     float* lat = latent.ptr<float>() + t * latent.stride(0);
     float* rop = rope.ptr<float>() + t * rope.stride(0);
     if (p.format == KvFormat::kBf16) {
@@ -149,7 +183,7 @@ Status decode_records(const CodecParams& p, const TensorView& records, const Ten
     } else if (p.format == KvFormat::kF32) {
       codec::decode_f32_record(rec, p.latent_dim, p.rope_dim, lat, rop);
     } else {
-      codec::decode_record(p.format, rec, p.outer_scale, lat, rop);
+      codec::decode_record(p.format, rec, p.outer_scale, lat, rop, p.token_scale);
     }
     for (int d = 0; d < p.latent_dim + p.rope_dim; ++d) {
       const float v = d < p.latent_dim ? lat[d] : rop[d - p.latent_dim];
@@ -245,6 +279,7 @@ StatusOr<std::vector<uint8_t>> record_file_header(const CodecParams& p, int64_t 
   put_u64(h.data() + R::kTokensOffset, static_cast<uint64_t>(tokens));
   put_u32(h.data() + R::kLatentDimOffset, static_cast<uint32_t>(p.latent_dim));
   put_u32(h.data() + R::kRopeDimOffset, static_cast<uint32_t>(p.rope_dim));
+  put_u32(h.data() + R::kFlagsOffset, p.token_scale ? R::kFlagTokenScale : 0u);
   return h;
 }
 
@@ -282,6 +317,11 @@ StatusOr<RecordFileInfo> parse_record_file(std::span<const uint8_t> file, std::s
   info.params.fp8_scales = static_cast<Fp8ScaleMode>(mode);
   info.params.latent_dim = static_cast<int>(get_u32(h + R::kLatentDimOffset));
   info.params.rope_dim = static_cast<int>(get_u32(h + R::kRopeDimOffset));
+  const uint32_t flags = get_u32(h + R::kFlagsOffset);
+  if ((flags & ~R::kFlagTokenScale) != 0) {
+    return data_loss(fmt::format("{}: header field 'flags' is {:#x} (known: bit 0, token-scale mode)", source, flags));
+  }
+  info.params.token_scale = (flags & R::kFlagTokenScale) != 0;
   StatusOr<int> rb = codec_record_bytes(info.params);
   if (!rb.ok()) return data_loss(fmt::format("{}: header: {}", source, rb.status().message()));
   const uint32_t stored_rb = get_u32(h + R::kRecordBytesOffset);

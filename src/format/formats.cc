@@ -27,7 +27,8 @@ constexpr RecordRegion kNvfp4Regions[] = {
      "512 x e2m1 latent, two per byte, dim 2i in the low nibble; group g in bytes [8g, 8g+8)"},
     {L::nvfp4_ds_mla::kScaleOffset, L::nvfp4_ds_mla::kNumGroups,
      "32 x e4m3 group scale (16 dims each), byte 256+g"},
-    {L::nvfp4_ds_mla::kPadOffset, L::nvfp4_ds_mla::kPadBytes, "zero"},
+    {L::nvfp4_ds_mla::kPadOffset, L::nvfp4_ds_mla::kPadBytes,
+     "zero (token-scale mode: fp32 s_t = token_amax * f32(1/2688) at [292, 296))"},
     {L::nvfp4_ds_mla::kRopeOffset, 2 * kRopeDim, "64 x bf16 rope (post-rotary, never scaled)"},
 };
 constexpr RecordRegion kNvfp4Fp8RopeRegions[] = {
@@ -36,11 +37,24 @@ constexpr RecordRegion kNvfp4Fp8RopeRegions[] = {
     {L::nvfp4_ds_mla_fp8rope::kScaleOffset, L::nvfp4_ds_mla_fp8rope::kNumGroups,
      "32 x e4m3 group scale, as nvfp4_ds_mla"},
     {L::nvfp4_ds_mla_fp8rope::kRopeScaleOffset, 4, "fp32 rope scale rs = amax_rope * f32(1/448)"},
-    {L::nvfp4_ds_mla_fp8rope::kPadOffset, L::nvfp4_ds_mla_fp8rope::kPadBytes, "zero"},
+    {L::nvfp4_ds_mla_fp8rope::kPadOffset, L::nvfp4_ds_mla_fp8rope::kPadBytes,
+     "zero (token-scale mode: fp32 s_t at [292, 296), as the fork's VLLM_NVFP4_MLA_DYNAMIC_SCALE=1)"},
     {L::nvfp4_ds_mla_fp8rope::kRopeOffset, kRopeDim, "64 x e4m3 rope, e4m3_satfinite(v / rs)"},
 };
 
-const std::array<FormatInfo, kNumKvFormats> kFormats = {{
+constexpr RecordRegion kNvfp4Int8RopeRegions[] = {
+    {L::nvfp4_ds_mla_int8rope::kLatentOffset, L::nvfp4_ds_mla_int8rope::kLatentBytes,
+     "512 x e2m1 latent, as nvfp4_ds_mla"},
+    {L::nvfp4_ds_mla_int8rope::kScaleOffset, L::nvfp4_ds_mla_int8rope::kNumGroups,
+     "32 x e4m3 group scale, as nvfp4_ds_mla"},
+    {L::nvfp4_ds_mla_int8rope::kRopeScaleOffset, 4, "fp32 rope scale rs = amax_rope * f32(1/127)"},
+    {L::nvfp4_ds_mla_int8rope::kPadOffset, L::nvfp4_ds_mla_int8rope::kPadBytes,
+     "zero (token-scale mode: fp32 s_t at [292, 296))"},
+    {L::nvfp4_ds_mla_int8rope::kRopeOffset, kRopeDim,
+     "64 x int8 rope, rne(v / rs) clamped to [-127, 127]; v = q * rs"},
+};
+
+constexpr std::array<FormatInfo, kNumKvFormats> kFormats = {{
     {KvFormat::kBf16, "bf16", L::bf16::kRecordBytes, false,
      "unquantized bf16 latent and rope", kBf16Regions, "auto (with a bf16 model) or bfloat16"},
     {KvFormat::kFp8DsMla, "fp8_ds_mla", L::fp8_ds_mla::kRecordBytes, false,
@@ -55,6 +69,9 @@ const std::array<FormatInfo, kNumKvFormats> kFormats = {{
     {KvFormat::kF32, "f32", L::f32::kRecordBytes, false,
      "unquantized f32 latent and rope, for parity checks (CPU only)", kF32Regions,
      "none: vLLM's MLA backends keep 16-bit or quantized caches"},
+    {KvFormat::kNvfp4DsMlaInt8Rope, "nvfp4_ds_mla_int8rope", L::nvfp4_ds_mla_int8rope::kRecordBytes, true,
+     "nvfp4_ds_mla latent with int8 rope and one fp32 rope scale (mlakv's own)", kNvfp4Int8RopeRegions,
+     "none: mlakv's own record (the fork reads only its e4m3-rope 368 B record)"},
 }};
 
 constexpr RecordRegion kIndexerRegions[] = {
@@ -70,6 +87,13 @@ const IndexerRecordInfo kIndexer = {
 }  // namespace
 
 const IndexerRecordInfo& indexer_record_info() { return kIndexer; }
+
+static_assert([] {
+  for (std::size_t i = 0; i < kFormats.size(); ++i) {
+    if (static_cast<std::size_t>(kFormats[i].format) != i) return false;
+  }
+  return true;
+}(), "kFormats is indexed by the KvFormat value");
 
 const FormatInfo& format_info(KvFormat f) { return kFormats[static_cast<std::size_t>(f)]; }
 std::span<const FormatInfo> all_formats() { return kFormats; }

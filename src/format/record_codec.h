@@ -5,6 +5,7 @@
 // Every rounding step is written once, here, so CPU and GPU bytes agree exactly.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -76,6 +77,37 @@ MLAKV_HD float nvfp4_dequantize(uint8_t q, float sf, float outer_scale) {
 MLAKV_HD float rope_fp8_scale(float amax) { return amax * layout::nvfp4_ds_mla_fp8rope::kRopeScaleFactor; }
 MLAKV_HD uint8_t rope_fp8_quantize(float v, float rs) { return rs == 0.0f ? uint8_t{0} : f32_to_e4m3_satfinite(v / rs); }
 
+// ---- int8 rope of nvfp4_ds_mla_int8rope ------------------------------------------------
+// rs = amax * f32(1/127); q = rne(v / rs) clamped to [-127, 127] (all zero when rs is 0).
+// v / rs is an IEEE division (correctly rounded); |v / rs| <= 127 up to that rounding,
+// hence the clamp; then rint (round half to even in the default rounding mode: the
+// library never changes it; cvt.rni on the device).
+MLAKV_HD float rope_int8_scale(float amax) { return amax * layout::nvfp4_ds_mla_int8rope::kRopeScaleFactor; }
+MLAKV_HD float round_half_even_small(float x) {
+#if defined(__CUDA_ARCH__)
+  return rintf(x);
+#else
+  return std::rint(x);
+#endif
+}
+MLAKV_HD int8_t rope_int8_quantize(float v, float rs) {
+  if (rs == 0.0f) return 0;
+  constexpr float kMax = static_cast<float>(layout::nvfp4_ds_mla_int8rope::kInt8Max);
+  float q = v / rs;
+  q = q > kMax ? kMax : (q < -kMax ? -kMax : q);
+  return static_cast<int8_t>(round_half_even_small(q));
+}
+MLAKV_HD float rope_int8_dequantize(uint8_t code, float rs) { return static_cast<float>(static_cast<int8_t>(code)) * rs; }
+
+// ---- the per-token scale mode (formats.h nvfp4_token_scale) ---------------------------------
+// s_t = token_amax * f32(1/2688); 0 for an all-zero latent (then every latent byte and group
+// scale byte is zero).
+MLAKV_HD float nvfp4_token_scale(const float* latent) {
+  float amax = 0.0f;
+  for (int i = 0; i < kLatentDim; ++i) amax = fmax_f(amax, fabs_f(latent[i]));
+  return amax * layout::nvfp4_token_scale::kFactor;
+}
+
 // ---- whole records -------------------------------------------------------------------
 // latent[kLatentDim], rope[kRopeDim] float32 in; rec[record_bytes] out (every byte
 // written, pads zero). For bf16 the geometry is (latent_dim, rope_dim).
@@ -98,9 +130,15 @@ MLAKV_HD void encode_fp8_record(const float* latent, const float* rope, Fp8Scale
   for (int i = 0; i < kRopeDim; ++i) store_u16(rec + F::kRopeOffset + 2 * i, f32_to_bf16(rope[i]));
 }
 
-// Shared by both nvfp4 records: bytes [0, 288).
+// Shared by the nvfp4 records: bytes [0, 288). `outer_scale` is s_l, or the token scale
+// s_t in token-scale mode, where 0 (an all-zero latent) writes zero codes and scales.
 MLAKV_HD void encode_nvfp4_latent(const float* latent, float outer_scale, uint8_t* rec) {
   namespace N = layout::nvfp4_ds_mla;
+  if (outer_scale == 0.0f) {
+    for (int i = 0; i < N::kLatentBytes; ++i) rec[N::kLatentOffset + i] = 0;
+    for (int g = 0; g < N::kNumGroups; ++g) rec[N::kScaleOffset + g] = 0;
+    return;
+  }
   for (int g = 0; g < N::kNumGroups; ++g) {
     float y[N::kGroupDim];
     float amax = 0.0f;
@@ -118,23 +156,48 @@ MLAKV_HD void encode_nvfp4_latent(const float* latent, float outer_scale, uint8_
   }
 }
 
-MLAKV_HD void encode_nvfp4_record(const float* latent, const float* rope, float outer_scale, uint8_t* rec) {
+// The latent bytes [0, 288) and, in token-scale mode, s_t at [292, 296) (the caller has
+// zeroed the pad first).
+MLAKV_HD void encode_nvfp4_latent_mode(const float* latent, float outer_scale, bool token_scale, uint8_t* rec) {
+  if (token_scale) {
+    const float st = nvfp4_token_scale(latent);
+    encode_nvfp4_latent(latent, st, rec);
+    store_f32(rec + layout::nvfp4_token_scale::kOffset, st);
+  } else {
+    encode_nvfp4_latent(latent, outer_scale, rec);
+  }
+}
+
+MLAKV_HD void encode_nvfp4_record(const float* latent, const float* rope, float outer_scale, uint8_t* rec,
+                                  bool token_scale = false) {
   namespace N = layout::nvfp4_ds_mla;
-  encode_nvfp4_latent(latent, outer_scale, rec);
   for (int i = 0; i < N::kPadBytes; ++i) rec[N::kPadOffset + i] = 0;
+  encode_nvfp4_latent_mode(latent, outer_scale, token_scale, rec);
   for (int i = 0; i < kRopeDim; ++i) store_u16(rec + N::kRopeOffset + 2 * i, f32_to_bf16(rope[i]));
 }
 
 MLAKV_HD void encode_nvfp4_fp8rope_record(const float* latent, const float* rope, float outer_scale,
-                                          uint8_t* rec) {
+                                          uint8_t* rec, bool token_scale = false) {
   namespace N = layout::nvfp4_ds_mla_fp8rope;
-  encode_nvfp4_latent(latent, outer_scale, rec);
+  for (int i = 0; i < N::kPadBytes; ++i) rec[N::kPadOffset + i] = 0;
+  encode_nvfp4_latent_mode(latent, outer_scale, token_scale, rec);
   float amax = 0.0f;
   for (int i = 0; i < kRopeDim; ++i) amax = fmax_f(amax, fabs_f(rope[i]));
   const float rs = rope_fp8_scale(amax);
   store_f32(rec + N::kRopeScaleOffset, rs);
-  for (int i = 0; i < N::kPadBytes; ++i) rec[N::kPadOffset + i] = 0;
   for (int i = 0; i < kRopeDim; ++i) rec[N::kRopeOffset + i] = rope_fp8_quantize(rope[i], rs);
+}
+
+MLAKV_HD void encode_nvfp4_int8rope_record(const float* latent, const float* rope, float outer_scale,
+                                           uint8_t* rec, bool token_scale = false) {
+  namespace N = layout::nvfp4_ds_mla_int8rope;
+  for (int i = 0; i < N::kPadBytes; ++i) rec[N::kPadOffset + i] = 0;
+  encode_nvfp4_latent_mode(latent, outer_scale, token_scale, rec);
+  float amax = 0.0f;
+  for (int i = 0; i < kRopeDim; ++i) amax = fmax_f(amax, fabs_f(rope[i]));
+  const float rs = rope_int8_scale(amax);
+  store_f32(rec + N::kRopeScaleOffset, rs);
+  for (int i = 0; i < kRopeDim; ++i) rec[N::kRopeOffset + i] = static_cast<uint8_t>(rope_int8_quantize(rope[i], rs));
 }
 
 MLAKV_HD void encode_f32_record(const float* latent, int latent_dim, const float* rope, int rope_dim, uint8_t* rec) {
@@ -142,8 +205,9 @@ MLAKV_HD void encode_f32_record(const float* latent, int latent_dim, const float
   for (int i = 0; i < rope_dim; ++i) store_f32(rec + 4 * (latent_dim + i), rope[i]);
 }
 
+// token_scale: the per-token scale mode (nvfp4 formats only; callers validate).
 MLAKV_HD void encode_record(KvFormat f, const float* latent, const float* rope, float outer_scale,
-                            Fp8ScaleMode fp8_mode, uint8_t* rec) {
+                            Fp8ScaleMode fp8_mode, uint8_t* rec, bool token_scale = false) {
   visit_format(f, [&](auto tag) {
     constexpr KvFormat F = decltype(tag)::value;
     if constexpr (F == KvFormat::kBf16) {
@@ -151,9 +215,11 @@ MLAKV_HD void encode_record(KvFormat f, const float* latent, const float* rope, 
     } else if constexpr (F == KvFormat::kFp8DsMla) {
       encode_fp8_record(latent, rope, fp8_mode, rec);
     } else if constexpr (F == KvFormat::kNvfp4DsMla) {
-      encode_nvfp4_record(latent, rope, outer_scale, rec);
+      encode_nvfp4_record(latent, rope, outer_scale, rec, token_scale);
     } else if constexpr (F == KvFormat::kNvfp4DsMlaFp8Rope) {
-      encode_nvfp4_fp8rope_record(latent, rope, outer_scale, rec);
+      encode_nvfp4_fp8rope_record(latent, rope, outer_scale, rec, token_scale);
+    } else if constexpr (F == KvFormat::kNvfp4DsMlaInt8Rope) {
+      encode_nvfp4_int8rope_record(latent, rope, outer_scale, rec, token_scale);
     } else {
       static_assert(F == KvFormat::kF32);
       encode_f32_record(latent, kLatentDim, rope, kRopeDim, rec);
@@ -184,7 +250,13 @@ MLAKV_HD void decode_nvfp4_latent(const uint8_t* rec, float outer_scale, float* 
   }
 }
 
-MLAKV_HD void decode_record(KvFormat f, const uint8_t* rec, float outer_scale, float* latent, float* rope) {
+// The scale the latent is multiplied by: s_l, or in token-scale mode the record's s_t.
+MLAKV_HD float nvfp4_latent_scale(const uint8_t* rec, float outer_scale, bool token_scale) {
+  return token_scale ? load_f32(rec + layout::nvfp4_token_scale::kOffset) : outer_scale;
+}
+
+MLAKV_HD void decode_record(KvFormat f, const uint8_t* rec, float outer_scale, float* latent, float* rope,
+                            bool token_scale = false) {
   visit_format(f, [&](auto tag) {
     constexpr KvFormat F = decltype(tag)::value;
     if constexpr (F == KvFormat::kBf16) {
@@ -199,15 +271,20 @@ MLAKV_HD void decode_record(KvFormat f, const uint8_t* rec, float outer_scale, f
       }
       for (int i = 0; i < kRopeDim; ++i) rope[i] = bf16_to_f32(load_u16(rec + L8::kRopeOffset + 2 * i));
     } else if constexpr (F == KvFormat::kNvfp4DsMla) {
-      decode_nvfp4_latent(rec, outer_scale, latent);
+      decode_nvfp4_latent(rec, nvfp4_latent_scale(rec, outer_scale, token_scale), latent);
       for (int i = 0; i < kRopeDim; ++i) {
         rope[i] = bf16_to_f32(load_u16(rec + layout::nvfp4_ds_mla::kRopeOffset + 2 * i));
       }
     } else if constexpr (F == KvFormat::kNvfp4DsMlaFp8Rope) {
       namespace N = layout::nvfp4_ds_mla_fp8rope;
-      decode_nvfp4_latent(rec, outer_scale, latent);
+      decode_nvfp4_latent(rec, nvfp4_latent_scale(rec, outer_scale, token_scale), latent);
       const float rs = load_f32(rec + N::kRopeScaleOffset);
       for (int i = 0; i < kRopeDim; ++i) rope[i] = e4m3_to_f32(rec[N::kRopeOffset + i]) * rs;
+    } else if constexpr (F == KvFormat::kNvfp4DsMlaInt8Rope) {
+      namespace N = layout::nvfp4_ds_mla_int8rope;
+      decode_nvfp4_latent(rec, nvfp4_latent_scale(rec, outer_scale, token_scale), latent);
+      const float rs = load_f32(rec + N::kRopeScaleOffset);
+      for (int i = 0; i < kRopeDim; ++i) rope[i] = rope_int8_dequantize(rec[N::kRopeOffset + i], rs);
     } else {
       static_assert(F == KvFormat::kF32);
       decode_f32_record(rec, kLatentDim, kRopeDim, latent, rope);

@@ -10,6 +10,7 @@
 //          subnormal quantum 2^-9 by (|y| + 2^14) - 2^14 (ulp of 2^14 is 2^-9, IEEE
 //          round-to-nearest-even), code = that * 512; then min(code, 0x7E) (satfinite,
 //          Inf included), sign bit 7; NaN -> 0x7F;
+//   int8   hn::Round (half to even) of the clamped quotient, as the scalar's rint;
 //   e2m1   the same with 1 mantissa bit: |y| >= 1: (bits + 0x1FFFFF + lsb) >> 22 - 252;
 //          |y| < 1: (|y| + 2^22) - 2^22 in steps of 0.5, code = 2x; min(code, 7), sign bit
 //          3; NaN -> 7;
@@ -34,8 +35,9 @@ namespace mlakv::model {
 // One record of format `f` (L = 512, R = 64; bf16 takes latent_dim / rope_dim) from
 // finite inputs; every byte of rec[record_bytes] is written, pads zero.
 //   fp8_exact_scales: Fp8ScaleMode::kExact (vLLM) instead of kPow2 (FlashMLA).
+//   token_scale: the nvfp4 per-token scale mode (callers validate: nvfp4 formats, s_l 1).
 void encode_record_simd(KvFormat f, const float* latent, int latent_dim, const float* rope, int rope_dim,
-                        float outer_scale, bool fp8_exact_scales, uint8_t* rec);
+                        float outer_scale, bool fp8_exact_scales, uint8_t* rec, bool token_scale = false);
 
 // Encodes n tokens into `slots` of cache layer `layer` (slots < 0 skipped), threads over
 // tokens. latent [n, latent_dim], rope [n, rope_dim] f32. Validates first and writes

@@ -124,6 +124,22 @@ void StoreE4m3Div(const float* x, int n, float s, uint8_t* dst) {
   for (int i = 0; i < n; i += N) StoreBytes(E4m3Codes(df, hn::Div(hn::LoadU(df, x + i), vs)), dst + i);
 }
 
+// int8 codes of rne(clamp(x[0, n) / s, -127, 127)) (n a multiple of the lane count; s > 0):
+// the scalar codec's rope_int8_quantize per lane (Round is round-half-to-even).
+void StoreInt8Div(const float* x, int n, float s, uint8_t* dst) {
+  const DF df;
+  const DI di;
+  const hn::Rebind<int8_t, DI> d8;
+  const int N = static_cast<int>(hn::Lanes(df));
+  const auto vs = hn::Set(df, s);
+  const auto hi = hn::Set(df, static_cast<float>(layout::nvfp4_ds_mla_int8rope::kInt8Max));
+  const auto lo = hn::Neg(hi);
+  for (int i = 0; i < n; i += N) {
+    const auto q = hn::Round(hn::Min(hn::Max(hn::Div(hn::LoadU(df, x + i), vs), lo), hi));
+    hn::StoreU(hn::DemoteTo(d8, hn::ConvertTo(di, q)), d8, reinterpret_cast<int8_t*>(dst + i));
+  }
+}
+
 // e4m3 code -> float for the 128 non-negative codes (the group scales are >= 0).
 struct E4m3Table {
   float v[128];
@@ -174,8 +190,26 @@ void Nvfp4Latent(const float* latent, float outer_scale, uint8_t* rec) {
   (void)du;
 }
 
+// Bytes [0, 288) of an nvfp4 record; in token-scale mode also s_t at [292, 296) (call
+// after the pad is zeroed): s_t = AbsMax * f32(1/2688) is the scalar spec's, and an
+// s_t of 0 writes zero codes and scales as the scalar encode_nvfp4_latent does.
+void Nvfp4LatentMode(const float* latent, float outer_scale, bool token_scale, uint8_t* rec) {
+  namespace NV = layout::nvfp4_ds_mla;
+  float s = outer_scale;
+  if (token_scale) {
+    s = AbsMax(latent, kLatentDim) * layout::nvfp4_token_scale::kFactor;
+    codec::store_f32(rec + layout::nvfp4_token_scale::kOffset, s);
+  }
+  if (s == 0.0f) {
+    std::memset(rec + NV::kLatentOffset, 0, NV::kLatentBytes);
+    std::memset(rec + NV::kScaleOffset, 0, NV::kNumGroups);
+    return;
+  }
+  Nvfp4Latent(latent, s, rec);
+}
+
 void EncodeRecord(KvFormat f, const float* latent, int latent_dim, const float* rope, int rope_dim, float outer_scale,
-                  bool fp8_exact, uint8_t* rec) {
+                  bool fp8_exact, bool token_scale, uint8_t* rec) {
   switch (f) {
     case KvFormat::kBf16:
       StoreBf16(latent, latent_dim, rec);
@@ -199,21 +233,34 @@ void EncodeRecord(KvFormat f, const float* latent, int latent_dim, const float* 
     }
     case KvFormat::kNvfp4DsMla: {
       namespace NV = layout::nvfp4_ds_mla;
-      Nvfp4Latent(latent, outer_scale, rec);
       std::memset(rec + NV::kPadOffset, 0, NV::kPadBytes);
+      Nvfp4LatentMode(latent, outer_scale, token_scale, rec);
       StoreBf16(rope, kRopeDim, rec + NV::kRopeOffset);
       break;
     }
     case KvFormat::kNvfp4DsMlaFp8Rope: {
       namespace NR = layout::nvfp4_ds_mla_fp8rope;
-      Nvfp4Latent(latent, outer_scale, rec);
+      std::memset(rec + NR::kPadOffset, 0, NR::kPadBytes);
+      Nvfp4LatentMode(latent, outer_scale, token_scale, rec);
       const float rs = codec::rope_fp8_scale(AbsMax(rope, kRopeDim));
       codec::store_f32(rec + NR::kRopeScaleOffset, rs);
-      std::memset(rec + NR::kPadOffset, 0, NR::kPadBytes);
       if (rs == 0.0f) {
         std::memset(rec + NR::kRopeOffset, 0, kRopeDim);
       } else {
         StoreE4m3Div(rope, kRopeDim, rs, rec + NR::kRopeOffset);
+      }
+      break;
+    }
+    case KvFormat::kNvfp4DsMlaInt8Rope: {
+      namespace NI = layout::nvfp4_ds_mla_int8rope;
+      std::memset(rec + NI::kPadOffset, 0, NI::kPadBytes);
+      Nvfp4LatentMode(latent, outer_scale, token_scale, rec);
+      const float rs = codec::rope_int8_scale(AbsMax(rope, kRopeDim));
+      codec::store_f32(rec + NI::kRopeScaleOffset, rs);
+      if (rs == 0.0f) {
+        std::memset(rec + NI::kRopeOffset, 0, kRopeDim);
+      } else {
+        StoreInt8Div(rope, kRopeDim, rs, rec + NI::kRopeOffset);
       }
       break;
     }
@@ -250,8 +297,9 @@ HWY_EXPORT(E4m3CodesN);
 HWY_EXPORT(E2m1CodesN);
 
 void encode_record_simd(KvFormat f, const float* latent, int latent_dim, const float* rope, int rope_dim,
-                        float outer_scale, bool fp8_exact_scales, uint8_t* rec) {
-  HWY_DYNAMIC_DISPATCH(EncodeRecord)(f, latent, latent_dim, rope, rope_dim, outer_scale, fp8_exact_scales, rec);
+                        float outer_scale, bool fp8_exact_scales, uint8_t* rec, bool token_scale) {
+  HWY_DYNAMIC_DISPATCH(EncodeRecord)(f, latent, latent_dim, rope, rope_dim, outer_scale, fp8_exact_scales,
+                                     token_scale, rec);
 }
 
 void e4m3_codes_simd(const float* y, int64_t n, uint8_t* out) { HWY_DYNAMIC_DISPATCH(E4m3CodesN)(y, n, out); }
@@ -285,7 +333,7 @@ Status write_cache_records(KvCache& cache, int layer, std::span<const int64_t> s
     const int64_t s = slots[static_cast<std::size_t>(i)];
     if (s < 0) return;
     HWY_DYNAMIC_DISPATCH(EncodeRecord)(v.format, latent + i * L, L, rope + i * R, R, v.outer_scale, exact,
-                                       v.data + s * v.record_bytes);
+                                       v.token_scale, v.data + s * v.record_bytes);
   };
   if (pool == nullptr || n < 64) {
     for (int64_t i = 0; i < n; ++i) one(i);

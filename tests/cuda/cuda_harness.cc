@@ -107,7 +107,7 @@ double f16r(float x) { return static_cast<double>(static_cast<_Float16>(x)); }  
 // amax = max |q_lat * base|, |q_rope| < 2^ex; the latent goes to f16 at M = base * 2^e
 // (base = s_l * 2^7 for e2m1, 1 for fp8), the rope to f16 (e4m3 rope) or bf16 at 2^e.
 std::vector<double> sm90_q(const float* q, KvFormat f, float outer) {
-  const bool nvfp4 = f == KvFormat::kNvfp4DsMla || f == KvFormat::kNvfp4DsMlaFp8Rope;
+  const bool nvfp4 = is_nvfp4_format(f);  // (int8-rope and token-scale layers never reach sm90: attention_path.cc)
   const float base = nvfp4 ? outer * 128.0f : 1.0f;
   float amax = 0.0f;
   for (int d = 0; d < kQkDim; ++d) amax = std::max(amax, std::fabs(q[d] * (d < kLatentDim ? base : 1.0f)));
@@ -150,7 +150,7 @@ void emulate(const Host& t, float scale, cuda::AttentionPath path, std::vector<d
       std::vector<double> keys(n * kQkDim);
       for (std::size_t k = 0; k < n; ++k) {
         float lat[kLatentDim], rope[kRopeDim];
-        codec::decode_record(t.view.format, t.view.record(slots[k]), t.view.outer_scale, lat, rope);
+        codec::decode_record(t.view.format, t.view.record(slots[k]), t.view.outer_scale, lat, rope, t.view.token_scale);
         for (int d = 0; d < kLatentDim; ++d) keys[k * kQkDim + static_cast<std::size_t>(d)] = exact_kv ? lat[d] : bf16r(lat[d]);
         for (int d = 0; d < kRopeDim; ++d) {
           keys[k * kQkDim + kLatentDim + static_cast<std::size_t>(d)] = exact_kv ? rope[d] : bf16r(rope[d]);
@@ -349,7 +349,12 @@ class Cuda : public ::testing::Test {
   }
 };
 
-const KvFormat kFormats[] = {KvFormat::kBf16, KvFormat::kFp8DsMla, KvFormat::kNvfp4DsMla, KvFormat::kNvfp4DsMlaFp8Rope};
+const KvFormat kFormats[] = {KvFormat::kBf16, KvFormat::kFp8DsMla, KvFormat::kNvfp4DsMla, KvFormat::kNvfp4DsMlaFp8Rope,
+                             KvFormat::kNvfp4DsMlaInt8Rope};
+// The formats the sm90 kernel serves (nvfp4_ds_mla_int8rope runs on sm80 on Hopper too, for now).
+const KvFormat kSm90Formats[] = {KvFormat::kBf16, KvFormat::kFp8DsMla, KvFormat::kNvfp4DsMla,
+                                 KvFormat::kNvfp4DsMlaFp8Rope};
+const KvFormat kNvfp4Formats[] = {KvFormat::kNvfp4DsMla, KvFormat::kNvfp4DsMlaFp8Rope, KvFormat::kNvfp4DsMlaInt8Rope};
 
 // ---- attention: one named case per parameter set ------------------------------------------
 // Each case is one GoogleTest test named by its parameters, e.g.
@@ -482,6 +487,29 @@ std::vector<AttnCase> graph_cases() {
   return v;
 }
 
+// The nvfp4 per-token scale mode: each record's s_t replaces s_l in the reader (sm80; on
+// Hopper the plan routes these layers to sm80 too).
+std::vector<AttnCase> token_scale_cases() {
+  std::vector<AttnCase> v;
+  for (KvFormat f : kNvfp4Formats) {
+    for (int variant = 0; variant < 3; ++variant) {
+      Case c;
+      c.format = f;
+      c.token_scale = true;
+      c.heads = variant == 2 ? 128 : 16;
+      c.block_size = variant == 0 ? 64 : 33;
+      c.s_q = variant == 1 ? 2 : 1;
+      c.splits = variant + 1;
+      c.seqlens = {0, 170, 1, 64};
+      c.sparse = variant == 1;
+      c.topk = c.sparse ? 70 : 0;
+      c.seed = static_cast<uint32_t>(700 + variant);
+      v.push_back({c});
+    }
+  }
+  return v;
+}
+
 // The reduced set run under compute-sanitizer memcheck / racecheck (tools/gpu_check.sh
 // filters on the name ReducedSanitizerSet).
 std::vector<AttnCase> sanitizer_cases() {
@@ -499,6 +527,15 @@ std::vector<AttnCase> sanitizer_cases() {
     c.topk = 40;
     v.push_back({c});
   }
+  Case ts;  // the token-scale reader path
+  ts.format = KvFormat::kNvfp4DsMlaInt8Rope;
+  ts.token_scale = true;
+  ts.heads = 16;
+  ts.s_q = 2;
+  ts.block_size = 33;
+  ts.splits = 2;
+  ts.seqlens = {70, 0, 5};
+  v.push_back({ts});
   return v;
 }
 
@@ -508,6 +545,7 @@ INSTANTIATE_TEST_SUITE_P(CausalMultiTokenAndSplits, CudaAttention, ::testing::Va
 INSTANTIATE_TEST_SUITE_P(SparseWithInvalidIndices, CudaAttention, ::testing::ValuesIn(sparse_cases()), attn_case_name);
 INSTANTIATE_TEST_SUITE_P(GraphCaptureAndReplayWithNewContents, CudaAttention, ::testing::ValuesIn(graph_cases()),
                          attn_case_name);
+INSTANTIATE_TEST_SUITE_P(TokenScaleMode, CudaAttention, ::testing::ValuesIn(token_scale_cases()), attn_case_name);
 INSTANTIATE_TEST_SUITE_P(ReducedSanitizerSet, CudaAttention, ::testing::ValuesIn(sanitizer_cases()), attn_case_name);
 
 // ---- the record readers: code by code against the scalar codec -------------------------------
@@ -530,17 +568,24 @@ TEST_P(CudaRecordReader, MatchesTheScalarCodecCodeByCode) {
   DeviceBuffer<uint8_t> d_recs(recs.size());
   d_recs.upload(recs);
   DeviceBuffer<uint16_t> d_rows(static_cast<std::size_t>(n) * kQkDim);
-  for (float outer : test::sweep_outer_scales(f)) {
-    SCOPED_TRACE(std::string(format_name(f)) + ", outer scale " + std::to_string(outer));
-    std::printf("  sm80 reader, %s, outer scale %g: %lld records\n", std::string(format_name(f)).c_str(), outer,
+  // Each outer scale, then (nvfp4 formats) the token-scale mode: s_t from each record.
+  std::vector<std::pair<float, bool>> modes;
+  for (float outer : test::sweep_outer_scales(f)) modes.push_back({outer, false});
+  if (is_nvfp4_format(f)) modes.push_back({1.0f, true});
+  for (auto [outer, token_scale] : modes) {
+    SCOPED_TRACE(std::string(format_name(f)) + ", outer scale " + std::to_string(outer) +
+                 (token_scale ? ", token-scale mode" : ""));
+    std::printf("  sm80 reader, %s, %s: %lld records\n", std::string(format_name(f)).c_str(),
+                token_scale ? "token-scale mode" : ("outer scale " + std::to_string(outer)).c_str(),
                 static_cast<long long>(n));
     CUDA_OK(cudaMemset(d_rows.ptr, 0xFF, d_rows.n * sizeof(uint16_t)));  // NaN until written
-    CUDA_OK(static_cast<cudaError_t>(test::dequantize_records_sm80(f, d_recs.ptr, n, outer, d_rows.ptr, nullptr)));
+    CUDA_OK(static_cast<cudaError_t>(
+        test::dequantize_records_sm80(f, d_recs.ptr, n, outer, d_rows.ptr, nullptr, token_scale)));
     CUDA_OK(cudaDeviceSynchronize());
     const std::vector<uint16_t> got = d_rows.download();
     for (int64_t r = 0; r < n; ++r) {
       float want[kQkDim];
-      codec::decode_record(f, recs.data() + r * rb, outer, want, want + kLatentDim);
+      codec::decode_record(f, recs.data() + r * rb, outer, want, want + kLatentDim, token_scale);
       for (int d = 0; d < kQkDim; ++d) {
         const uint16_t g = got[static_cast<std::size_t>(r * kQkDim + d)], w = f32_to_bf16(want[d]);
         ASSERT_EQ(g, w) << "record " << r << " dim " << d << ": reader bf16 0x" << std::hex << g << ", codec "
@@ -620,6 +665,42 @@ TEST_F(Cuda, KernelChoiceFollowsTheDeviceAndTheEnvironment) {
   }
 }
 
+// Interim routing (issue 14): nvfp4_ds_mla_int8rope and token-scale layers have no sm90
+// kernel, so every device plans them on sm80, and MLAKV_CUDA_ATTENTION=sm90 refuses them.
+TEST_F(Cuda, Int8RopeAndTokenScaleLayersRunOnSm80) {
+  for (int which = 0; which < 2; ++which) {
+    Case c;
+    c.format = which == 0 ? KvFormat::kNvfp4DsMlaInt8Rope : KvFormat::kNvfp4DsMlaFp8Rope;
+    c.token_scale = which == 1;
+    c.heads = 16;
+    c.seqlens = {10};
+    SCOPED_TRACE(which == 0 ? "int8 rope" : "fp8 rope, token-scale mode");
+    Host t = build(c);
+    DeviceBuffer<uint8_t> d_cache(static_cast<std::size_t>(t.view.num_slots()) * t.view.record_bytes);
+    std::vector<float> out, lse;
+    MlaAttentionParams p = t.params(out, lse);
+    DeviceBuffer<float> dq(t.q.size()), dout(out.size()), dlse(lse.size());
+    DeviceBuffer<int32_t> dt(t.table.size()), dl(t.seqlens.size());
+    p.q.data = dq.ptr;
+    p.q.device = Device::cuda(0);
+    p.cache.data = d_cache.ptr;
+    p.cache.device = Device::cuda(0);
+    p.block_table.data = dt.ptr;
+    p.block_table.device = Device::cuda(0);
+    p.seqlens.data = dl.ptr;
+    p.seqlens.device = Device::cuda(0);
+    p.out.data = dout.ptr;
+    p.out.device = Device::cuda(0);
+    p.lse.data = dlse.ptr;
+    p.lse.device = Device::cuda(0);
+    auto plan = cuda::plan_mla_attention(p);
+    ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+    EXPECT_EQ(plan->path, cuda::AttentionPath::kSm80);
+    KernelEnv env("sm90");
+    EXPECT_FALSE(cuda::plan_mla_attention(p).ok());
+  }
+}
+
 // The portable kernel on a reduced set of every kind of case (the default on an H200
 // is the sm90 kernel, which the tests above cover).
 TEST_F(Cuda, PortableKernelWhenForced) {
@@ -648,7 +729,7 @@ TEST_F(Cuda, PortableKernelWhenForced) {
 TEST_F(Cuda, HopperKernelRingAndSplitEdges) {
   if (!is_hopper()) GTEST_SKIP() << "not an sm_90 device";
   KernelEnv env("sm90");
-  for (KvFormat f : kFormats) {
+  for (KvFormat f : kSm90Formats) {
     for (int variant = 0; variant < 3; ++variant) {
       Case c;
       c.format = f;
@@ -685,14 +766,26 @@ TEST_F(Cuda, WritersAreByteIdenticalToTheCpuCodecs) {
   for (int i = 0; i < n; ++i) slots[static_cast<std::size_t>(i)] = perm[static_cast<std::size_t>(i)];
   slots[5] = -1;        // padding: skipped
   slots[7] = slots_cap; // past capacity: skipped and counted
+  // Tokens 11 and 12: an all-zero latent (token-scale mode: s_t = 0, zero codes) and a
+  // small one (amax ~1e-3: the group scales the mode rescues).
+  for (int d = 0; d < kLatentDim; ++d) {
+    lat[static_cast<std::size_t>(11 * kLatentDim + d)] = 0.0f;
+    lat[static_cast<std::size_t>(12 * kLatentDim + d)] *= 1e-3f;
+  }
+  lat16.clear();
+  for (float x : lat) lat16.push_back(f32_to_bf16(x));
   for (KvFormat f : kFormats) {
     for (bool bf16_in : {false, true}) {
-      for (Fp8ScaleMode mode : {Fp8ScaleMode::kPow2, Fp8ScaleMode::kExact}) {
-        if (f != KvFormat::kFp8DsMla && mode == Fp8ScaleMode::kExact) continue;
-        SCOPED_TRACE(std::string(format_name(f)) + (bf16_in ? " bf16 in" : " f32 in") + (mode == Fp8ScaleMode::kExact ? " exact" : ""));
-        std::printf("  writer: %s, %s input, %s fp8 scales, %d tokens\n", std::string(format_name(f)).c_str(),
-                    bf16_in ? "bf16" : "f32", mode == Fp8ScaleMode::kExact ? "exact" : "pow2", n);
-        const float outer = format_info(f).has_outer_scale ? 0.3f : 1.0f;
+      for (int m = 0; m < 3; ++m) {  // 0 pow2 / static, 1 exact (fp8), 2 token-scale mode (nvfp4)
+        const Fp8ScaleMode mode = m == 1 ? Fp8ScaleMode::kExact : Fp8ScaleMode::kPow2;
+        const bool token_scale = m == 2;
+        if (f != KvFormat::kFp8DsMla && m == 1) continue;
+        if (!is_nvfp4_format(f) && token_scale) continue;
+        SCOPED_TRACE(std::string(format_name(f)) + (bf16_in ? " bf16 in" : " f32 in") + (m == 1 ? " exact" : "") +
+                     (token_scale ? " token-scale" : ""));
+        std::printf("  writer: %s, %s input, %s, %d tokens\n", std::string(format_name(f)).c_str(),
+                    bf16_in ? "bf16" : "f32", m == 1 ? "exact fp8 scales" : (token_scale ? "token-scale mode" : "pow2 fp8 scales / static"), n);
+        const float outer = format_info(f).has_outer_scale && !token_scale ? 0.3f : 1.0f;
         const int rb = record_bytes(f);
         // CPU expectation, slot by slot, on a cache poisoned with 0xAB.
         std::vector<uint8_t> want(static_cast<std::size_t>(slots_cap) * rb, 0xAB);
@@ -702,7 +795,7 @@ TEST_F(Cuda, WritersAreByteIdenticalToTheCpuCodecs) {
           float l[kLatentDim], r[kRopeDim];
           for (int d = 0; d < kLatentDim; ++d) l[d] = bf16_in ? bf16_to_f32(lat16[static_cast<std::size_t>(i * kLatentDim + d)]) : lat[static_cast<std::size_t>(i * kLatentDim + d)];
           for (int d = 0; d < kRopeDim; ++d) r[d] = bf16_in ? bf16_to_f32(rope16[static_cast<std::size_t>(i * kRopeDim + d)]) : rope[static_cast<std::size_t>(i * kRopeDim + d)];
-          codec::encode_record(f, l, r, outer, mode, want.data() + s * rb);
+          codec::encode_record(f, l, r, outer, mode, want.data() + s * rb, token_scale);
         }
         DeviceBuffer<uint8_t> d_cache(want.size());
         CUDA_OK(cudaMemset(d_cache.ptr, 0xAB, want.size()));
@@ -723,6 +816,7 @@ TEST_F(Cuda, WritersAreByteIdenticalToTheCpuCodecs) {
         v.record_bytes = rb;
         v.format = f;
         v.outer_scale = outer;
+        v.token_scale = token_scale;
         v.device = Device::cuda(0);
         const auto dt = bf16_in ? DType::kBF16 : DType::kF32;
         const Status st = cuda::write_cache(
@@ -798,7 +892,8 @@ TEST_F(Cuda, MergeAttnStatesMatchesTheCpu) {
 // 2^-6 (4x) and requires the outputs to be finite and the same shape.
 TEST_F(Cuda, LayerForwardMatchesTheCpuLayer) {
   for (const char* name : {"deepseek_v3", "deepseek_v2_lite", "glm4_moe_lite", "kimi_k2"}) {
-    for (KvFormat f : {KvFormat::kBf16, KvFormat::kFp8DsMla, KvFormat::kNvfp4DsMlaFp8Rope}) {
+    for (KvFormat f : {KvFormat::kBf16, KvFormat::kFp8DsMla, KvFormat::kNvfp4DsMlaFp8Rope,
+                       KvFormat::kNvfp4DsMlaInt8Rope}) {
       SCOPED_TRACE(std::string(name) + " " + std::string(format_name(f)));
       const std::string dir = std::string(MLAKV_TEST_DATA_DIR) + "/hf_parity/" + name;
       auto cfg = load_hf_config(dir);

@@ -15,7 +15,7 @@ constexpr int kThreads = kRecordsPerCta * cuda::record::kQuarters;
 
 template <KvFormat F>
 __global__ void __launch_bounds__(kThreads) read_records_kernel(const uint8_t* records, int64_t n, float outer,
-                                                                 uint16_t* rows) {
+                                                                 uint16_t* rows, bool token_scale) {
   __shared__ float lut[cuda::sm80::kLutEntries];
   const int tid = threadIdx.x;
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kRecordsPerCta + tid / cuda::record::kQuarters;
@@ -31,19 +31,19 @@ __global__ void __launch_bounds__(kThreads) read_records_kernel(const uint8_t* r
     if constexpr (cuda::sm80::uses_lut(F)) cuda::sm80::fill_lut(lut, tid);
     __syncthreads();
     if (r >= n) return;
-    cuda::sm80::dequant_part<F>(lut, records + r * rb, true, outer, q, rows + r * kQkDim);
+    cuda::sm80::dequant_part<F>(lut, records + r * rb, true, outer, q, rows + r * kQkDim, token_scale);
   }
 }
 
 }  // namespace
 
 int dequantize_records_sm80(KvFormat format, const uint8_t* records, int64_t n, float outer_scale, uint16_t* rows,
-                            void* stream) {
+                            void* stream, bool token_scale) {
   if (n == 0) return 0;
   const unsigned grid = static_cast<unsigned>((n + kRecordsPerCta - 1) / kRecordsPerCta);
-  return cuda::dispatch_format(format, int{cudaErrorInvalidValue}, [&](auto tag) {
+  return cuda::dispatch_format<cuda::KernelSet::kAll>(format, int{cudaErrorInvalidValue}, [&](auto tag) {
     read_records_kernel<decltype(tag)::value>
-        <<<grid, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(records, n, outer_scale, rows);
+        <<<grid, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(records, n, outer_scale, rows, token_scale);
     return static_cast<int>(cudaGetLastError());
   });
 }

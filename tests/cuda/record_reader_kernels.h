@@ -13,8 +13,9 @@ namespace mlakv::test {
 // device, as the attention kernel's K tile rows: compressed formats through
 // sm80::dequant_part (four threads per record, the nvfp4 table in shared memory),
 // bf16 records copied in 16-byte chunks as the kernel's cp.async does. Returns the
-// launch's cudaError_t as int.
+// launch's cudaError_t as int. token_scale: the nvfp4 per-token scale mode (s_t read
+// from each record instead of outer_scale).
 int dequantize_records_sm80(KvFormat format, const uint8_t* records, int64_t n, float outer_scale, uint16_t* rows,
-                            void* stream);
+                            void* stream, bool token_scale = false);
 
 }  // namespace mlakv::test

@@ -1,6 +1,6 @@
 // KV record decoding, every format (decode_records), and the encode -> decode round
-// trip. Byte 0 picks the format (and the fp8 scale mode); the rest is either records
-// to decode or float32 rows to encode.
+// trip. Byte 0 picks the format (and the fp8 scale mode, an nvfp4 outer scale or the
+// nvfp4 token-scale mode); the rest is either records to decode or float32 rows to encode.
 // Invariants:
 //  - decode accepts or fails with kDataLoss, never anything else;
 //  - bf16: an accepted record decodes and re-encodes to the same bytes (bf16 -> f32 ->
@@ -86,6 +86,7 @@ void check_rounding(KvFormat f, const Rows& x, const Rows& y, int64_t t) {
       return;
     case KvFormat::kNvfp4DsMla:
     case KvFormat::kNvfp4DsMlaFp8Rope:
+    case KvFormat::kNvfp4DsMlaInt8Rope:
       for (int g = 0; g < layout::nvfp4_ds_mla::kNumGroups; ++g) {
         const int d = g * layout::nvfp4_ds_mla::kGroupDim;
         check_group(xl + d, yl + d, layout::nvfp4_ds_mla::kGroupDim, "nvfp4 group");
@@ -93,7 +94,7 @@ void check_rounding(KvFormat f, const Rows& x, const Rows& y, int64_t t) {
       if (f == KvFormat::kNvfp4DsMla) {
         check_bf16(xr, yr, kRopeDim, "nvfp4 rope");
       } else {
-        check_group(xr, yr, kRopeDim, "fp8 rope");
+        check_group(xr, yr, kRopeDim, f == KvFormat::kNvfp4DsMlaFp8Rope ? "fp8 rope" : "int8 rope");
       }
       return;
   }
@@ -111,7 +112,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
   CodecParams p;
   p.format = static_cast<KvFormat>(data[0] % kNumKvFormats);
   p.fp8_scales = (data[0] & 0x10) ? Fp8ScaleMode::kExact : Fp8ScaleMode::kPow2;
-  if (format_info(p.format).has_outer_scale && (data[0] & 0x20)) p.outer_scale = 0.0625f;
+  if (format_info(p.format).has_outer_scale && (data[0] & 0x40)) {
+    p.token_scale = true;  // replaces the outer scale
+  } else if (format_info(p.format).has_outer_scale && (data[0] & 0x20)) {
+    p.outer_scale = 0.0625f;
+  }
   const int rb = *codec_record_bytes(p);
   const uint8_t* body = data + 1;
   const std::size_t len = size - 1;

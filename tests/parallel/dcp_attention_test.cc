@@ -36,7 +36,7 @@ namespace {
 constexpr double kU = 1.0 / (1 << 24);
 constexpr float kScale = 0.1352f;
 const KvFormat kAllFormats[] = {KvFormat::kBf16, KvFormat::kFp8DsMla, KvFormat::kNvfp4DsMla,
-                                KvFormat::kNvfp4DsMlaFp8Rope};
+                                KvFormat::kNvfp4DsMlaFp8Rope, KvFormat::kNvfp4DsMlaInt8Rope};
 
 struct Shape {
   int s_q = 1;

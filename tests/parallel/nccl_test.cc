@@ -382,7 +382,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "nccl_test: --ranks %d but %d GPU(s) visible\n", ranks, visible);
     return 2;
   }
-  const KvFormat formats[] = {KvFormat::kBf16, KvFormat::kFp8DsMla, KvFormat::kNvfp4DsMla, KvFormat::kNvfp4DsMlaFp8Rope};
+  const KvFormat formats[] = {KvFormat::kBf16, KvFormat::kFp8DsMla, KvFormat::kNvfp4DsMla, KvFormat::kNvfp4DsMlaFp8Rope,
+                              KvFormat::kNvfp4DsMlaInt8Rope};
   int failures = 0, cases = 0;
   for (int dcp : {1, 2, 4}) {
     if (dcp > ranks) continue;

@@ -31,6 +31,7 @@ struct Case {
   int topk = 0;
   bool topk_length = false;
   float outer_scale = 1.0f;
+  bool token_scale = false;  // nvfp4 per-token scale mode (then outer_scale stays 1)
   bool bf16_q = false;
   uint32_t seed = 1;
 };
@@ -84,7 +85,7 @@ inline Built build(const Case& c) {
   KvCache::Config cfg;
   cfg.num_blocks = num_blocks;
   cfg.block_size = c.block_size;
-  cfg.layers = {{c.format, c.outer_scale}};
+  cfg.layers = {{c.format, c.outer_scale, c.token_scale}};
   t.cache = std::move(KvCache::create_cpu(cfg).value());
   t.cache->fill(0xFF);  // poison: decodes to NaN in every format, so a stray read shows
   t.view = *t.cache->layer(0);
@@ -165,7 +166,7 @@ inline std::vector<int64_t> token_set(const Built& t, int b, int i) {
 // Decoded [latent | rope] of a slot.
 inline std::vector<float> decoded(const CacheLayerView& v, int64_t slot) {
   std::vector<float> k(kQkDim);
-  codec::decode_record(v.format, v.record(slot), v.outer_scale, k.data(), k.data() + kLatentDim);
+  codec::decode_record(v.format, v.record(slot), v.outer_scale, k.data(), k.data() + kLatentDim, v.token_scale);
   return k;
 }
 
@@ -173,6 +174,7 @@ inline std::string describe(const Case& c) {
   std::string s = std::string(format_name(c.format)) + " bs=" + std::to_string(c.block_size) + " H=" +
                   std::to_string(c.heads) + " s_q=" + std::to_string(c.s_q) + " splits=" + std::to_string(c.splits) +
                   (c.causal ? " causal" : " full") + (c.sparse ? " sparse topk=" + std::to_string(c.topk) : "") +
+                  (c.token_scale ? " token-scale" : "") +
                   " seqlens=";
   for (int l : c.seqlens) s += std::to_string(l) + ",";
   return s;

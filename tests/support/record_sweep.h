@@ -9,7 +9,11 @@
 //                        (each group holds all 16 codes, rotated by its index);
 //                        every non-NaN bf16 rope code;
 //   nvfp4_ds_mla_fp8rope the same latent; every non-NaN e4m3 rope code under every
-//                        rope scale of kSweepRopeScales.
+//                        rope scale of kSweepRopeScales;
+//   nvfp4_ds_mla_int8rope the same latent; every int8 rope code (-128 included) under
+//                        every rope scale of kSweepRopeScales.
+// The nvfp4 records also carry a token scale s_t of kSweepTokenScales at [292, 296)
+// (read only in the token-scale mode; zero-padded readers ignore it otherwise).
 // NaN codes (the cache's 0xFF poison) are excluded: readers need not agree on NaN
 // payloads, and the attention never reads a poisoned slot. Header-only test support.
 #pragma once
@@ -32,6 +36,9 @@ inline const float kSweepTileScales[] = {1.0f,    0.5f,     0x1p-9f,         0x1
                                          3.7e-3f, 448.0f,   1.17549435e-38f, 65504.0f, 0x1p100f};
 // fp8 rope scales (finite, >= 0; 0 is what an all-zero rope encodes to).
 inline const float kSweepRopeScales[] = {0.0f, 1.0f / 448.0f, 0.25f, 0.0178f, 3.0f, 1e-30f};
+// nvfp4 token scales s_t (finite, >= 0: 0 is an all-zero token's; 1/2688 a token of amax 1;
+// subnormal and large ones).
+inline const float kSweepTokenScales[] = {0.0f, 1.0f / 2688.0f, 3.7e-7f, 1e-41f, 2.5f, 1e20f};
 // nvfp4 outer scales s_l a layer may carry.
 inline const float kSweepOuterScales[] = {1.0f, 0.75f, 0.3f, 1.0f / 2688.0f, 37.5f};
 
@@ -93,8 +100,11 @@ inline std::vector<uint8_t> sweep_records(KvFormat f) {
         break;
       }
       case KvFormat::kNvfp4DsMla:
-      case KvFormat::kNvfp4DsMlaFp8Rope: {
+      case KvFormat::kNvfp4DsMlaFp8Rope:
+      case KvFormat::kNvfp4DsMlaInt8Rope: {
         namespace N = layout::nvfp4_ds_mla;
+        constexpr std::size_t kTokenScales = sizeof(kSweepTokenScales) / sizeof(float);
+        put_f32(rec + layout::nvfp4_token_scale::kOffset, kSweepTokenScales[ur % kTokenScales]);
         for (int g = 0; g < N::kNumGroups; ++g) {
           const std::size_t group = ur * N::kNumGroups + static_cast<std::size_t>(g);
           rec[N::kScaleOffset + g] = e4m3[group % ne];
@@ -108,12 +118,19 @@ inline std::vector<uint8_t> sweep_records(KvFormat f) {
           for (int i = 0; i < kRopeDim; ++i) {
             put_u16(rec + N::kRopeOffset + 2 * i, bf16[(ur * kRopeDim + static_cast<std::size_t>(i)) % nb]);
           }
-        } else {
+        } else if (f == KvFormat::kNvfp4DsMlaFp8Rope) {
           namespace R = layout::nvfp4_ds_mla_fp8rope;
           constexpr std::size_t kScales = sizeof(kSweepRopeScales) / sizeof(float);
           put_f32(rec + R::kRopeScaleOffset, kSweepRopeScales[(ur / 4) % kScales]);
           for (int i = 0; i < kRopeDim; ++i) {
             rec[R::kRopeOffset + i] = e4m3[((ur % 4) * kRopeDim + static_cast<std::size_t>(i)) % ne];
+          }
+        } else {
+          namespace R = layout::nvfp4_ds_mla_int8rope;
+          constexpr std::size_t kScales = sizeof(kSweepRopeScales) / sizeof(float);
+          put_f32(rec + R::kRopeScaleOffset, kSweepRopeScales[(ur / 4) % kScales]);
+          for (int i = 0; i < kRopeDim; ++i) {  // 4 records: all 256 int8 codes
+            rec[R::kRopeOffset + i] = static_cast<uint8_t>(((ur % 4) * kRopeDim + static_cast<std::size_t>(i)) % 256);
           }
         }
         break;

@@ -93,6 +93,7 @@ Status run_mla_attention(const MlaAttentionParams& p, const AttentionPlan& plan,
   kp.block_size = p.cache.block_size;
   kp.record_bytes = p.cache.record_bytes;
   kp.outer_scale = p.cache.outer_scale;
+  kp.token_scale = p.cache.token_scale;
   kp.sparse = p.sparse();
   if (kp.sparse) {
     kp.indices = p.indices.ptr<const int32_t>();

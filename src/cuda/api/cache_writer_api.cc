@@ -25,6 +25,7 @@ Status write_cache(const CacheLayerView& layer, const TensorView& slots, const T
                           layer.num_slots(),
                           layer.record_bytes,
                           layer.outer_scale,
+                          layer.token_scale,
                           fp8_scales,
                           slots.ptr<const int64_t>(),
                           n,

@@ -22,9 +22,16 @@ struct FormatTag {
   static constexpr KvFormat value = F;
 };
 
-static_assert(kNumKvFormats == 5, "dispatch_format: add a case for the new KvFormat");
+static_assert(kNumKvFormats == 6, "dispatch_format: add a case for the new KvFormat");
 
-template <class R, class Fn>
+// Which formats a kernel family has instantiations for. kAll: every CUDA format (the
+// cache writer, the sm80 attention path). kNoInt8Rope: all but nvfp4_ds_mla_int8rope,
+// the default, for the sm90 attention path, which has no kernel for that record yet
+// (interim: cuda/api/attention_path.cc routes int8-rope and token-scale layers to sm80
+// on Hopper). When sm90 gains the instantiation, it passes kAll and this default goes.
+enum class KernelSet { kAll, kNoInt8Rope };
+
+template <KernelSet S = KernelSet::kNoInt8Rope, class R, class Fn>
 R dispatch_format(KvFormat f, R fallback, Fn&& fn) {
   switch (f) {
     case KvFormat::kBf16: return std::forward<Fn>(fn)(FormatTag<KvFormat::kBf16>{});
@@ -34,6 +41,12 @@ R dispatch_format(KvFormat f, R fallback, Fn&& fn) {
     // f32 (2304 B, parity checks) has no CUDA kernels: the API layer refuses it with
     // kUnimplemented (check_cache_view), so no kernel is instantiated for it.
     case KvFormat::kF32: return fallback;
+    case KvFormat::kNvfp4DsMlaInt8Rope:
+      if constexpr (S == KernelSet::kAll) {
+        return std::forward<Fn>(fn)(FormatTag<KvFormat::kNvfp4DsMlaInt8Rope>{});
+      } else {
+        return fallback;  // a kernel set without it (see KernelSet)
+      }
   }
   return fallback;
 }

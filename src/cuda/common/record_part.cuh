@@ -75,6 +75,27 @@ struct Parts<KvFormat::kNvfp4DsMlaFp8Rope> {
   static constexpr int kRecordBytes = layout::nvfp4_ds_mla_fp8rope::kRecordBytes;
 };
 
+// The int8-rope record: the fp8-rope record's parts, the rope codes int8 (kRopeInt8).
+template <>
+struct Parts<KvFormat::kNvfp4DsMlaInt8Rope> {
+  static constexpr int kLatentOffset = layout::nvfp4_ds_mla_int8rope::kLatentOffset;
+  static constexpr int kLatentBits = 4;
+  static constexpr int kScaleOffset = layout::nvfp4_ds_mla_int8rope::kScaleOffset;
+  static constexpr int kScaleBytes = 1;
+  static constexpr int kDimsPerScale = layout::nvfp4_ds_mla_int8rope::kGroupDim;
+  static constexpr int kRopeScaleOffset = layout::nvfp4_ds_mla_int8rope::kRopeScaleOffset;
+  static constexpr int kRopeScaleBytes = 4;  // fp32
+  static constexpr int kPadOffset = layout::nvfp4_ds_mla_int8rope::kPadOffset;
+  static constexpr int kPadBytes = layout::nvfp4_ds_mla_int8rope::kPadBytes;
+  static constexpr int kRopeOffset = layout::nvfp4_ds_mla_int8rope::kRopeOffset;
+  static constexpr int kRopeBits = 8;  // int8
+  static constexpr bool kRopeInt8 = true;
+  static constexpr int kRecordBytes = layout::nvfp4_ds_mla_int8rope::kRecordBytes;
+};
+
+// The per-token scale s_t (nvfp4 formats in token-scale mode): fp32 inside the pad.
+inline constexpr int kTokenScaleOffset = layout::nvfp4_token_scale::kOffset;
+
 template <KvFormat F>
 inline constexpr int kLatentBytes = kLatentDim * Parts<F>::kLatentBits / 8;
 template <KvFormat F>
@@ -169,6 +190,28 @@ static_assert(Parts<KvFormat::kNvfp4DsMlaFp8Rope>::kPadOffset + Parts<KvFormat::
 static_assert(Parts<KvFormat::kNvfp4DsMlaFp8Rope>::kRopeOffset + kRopeBytes<KvFormat::kNvfp4DsMlaFp8Rope> ==
               Parts<KvFormat::kNvfp4DsMlaFp8Rope>::kRecordBytes);
 
+// The int8-rope record shares every offset with the fp8-rope one.
+static_assert(Parts<KvFormat::kNvfp4DsMlaInt8Rope>::kLatentOffset == Parts<KvFormat::kNvfp4DsMlaFp8Rope>::kLatentOffset);
+static_assert(Parts<KvFormat::kNvfp4DsMlaInt8Rope>::kScaleOffset == Parts<KvFormat::kNvfp4DsMlaFp8Rope>::kScaleOffset);
+static_assert(Parts<KvFormat::kNvfp4DsMlaInt8Rope>::kScaleOffset +
+                  kNumScales<KvFormat::kNvfp4DsMlaInt8Rope> * Parts<KvFormat::kNvfp4DsMlaInt8Rope>::kScaleBytes ==
+              Parts<KvFormat::kNvfp4DsMlaInt8Rope>::kRopeScaleOffset);
+static_assert(Parts<KvFormat::kNvfp4DsMlaInt8Rope>::kRopeScaleOffset + Parts<KvFormat::kNvfp4DsMlaInt8Rope>::kRopeScaleBytes ==
+              Parts<KvFormat::kNvfp4DsMlaInt8Rope>::kPadOffset);
+static_assert(Parts<KvFormat::kNvfp4DsMlaInt8Rope>::kPadOffset + Parts<KvFormat::kNvfp4DsMlaInt8Rope>::kPadBytes ==
+              Parts<KvFormat::kNvfp4DsMlaInt8Rope>::kRopeOffset);
+static_assert(Parts<KvFormat::kNvfp4DsMlaInt8Rope>::kRopeOffset + kRopeBytes<KvFormat::kNvfp4DsMlaInt8Rope> ==
+              Parts<KvFormat::kNvfp4DsMlaInt8Rope>::kRecordBytes);
+static_assert(Parts<KvFormat::kNvfp4DsMlaInt8Rope>::kRecordBytes == Parts<KvFormat::kNvfp4DsMlaFp8Rope>::kRecordBytes &&
+              Parts<KvFormat::kNvfp4DsMlaInt8Rope>::kRopeOffset == Parts<KvFormat::kNvfp4DsMlaFp8Rope>::kRopeOffset);
+
+// The token scale sits in the pad of every nvfp4 record, 4-aligned (one fp32 store).
+static_assert(kTokenScaleOffset % 4 == 0);
+static_assert(kTokenScaleOffset >= Parts<KvFormat::kNvfp4DsMla>::kPadOffset &&
+              kTokenScaleOffset + 4 <= Parts<KvFormat::kNvfp4DsMla>::kPadOffset + Parts<KvFormat::kNvfp4DsMla>::kPadBytes);
+static_assert(kTokenScaleOffset == Parts<KvFormat::kNvfp4DsMlaFp8Rope>::kPadOffset &&
+              kTokenScaleOffset == Parts<KvFormat::kNvfp4DsMlaInt8Rope>::kPadOffset);
+
 // What the kernels' accesses need.
 template <KvFormat F>
 constexpr bool aligned_for_kernels() {
@@ -184,6 +227,7 @@ static_assert(aligned_for_kernels<KvFormat::kBf16>());
 static_assert(aligned_for_kernels<KvFormat::kFp8DsMla>());
 static_assert(aligned_for_kernels<KvFormat::kNvfp4DsMla>());
 static_assert(aligned_for_kernels<KvFormat::kNvfp4DsMlaFp8Rope>());
+static_assert(aligned_for_kernels<KvFormat::kNvfp4DsMlaInt8Rope>());
 static_assert(Parts<KvFormat::kFp8DsMla>::kScaleOffset % 4 == 0);
 static_assert(Parts<KvFormat::kNvfp4DsMlaFp8Rope>::kRopeScaleOffset % 4 == 0);
 
@@ -192,6 +236,8 @@ static_assert(QuarterScales<KvFormat::kFp8DsMla>::kScales == 1, "fp8: one tile s
 static_assert(Quarter<KvFormat::kFp8DsMla>::kRopeBytes == 32, "fp8: two uint4 of bf16 rope per quarter");
 static_assert(Quarter<KvFormat::kNvfp4DsMla>::kRopeBytes == 32, "nvfp4: two uint4 of bf16 rope per quarter");
 static_assert(Quarter<KvFormat::kNvfp4DsMlaFp8Rope>::kRopeBytes == 16, "fp8 rope: one uint4 of e4m3 per quarter");
+static_assert(Quarter<KvFormat::kNvfp4DsMlaInt8Rope>::kRopeBytes == 16, "int8 rope: one uint4 of int8 per quarter");
+static_assert(QuarterScales<KvFormat::kNvfp4DsMlaInt8Rope>::kGroupBytes == 8);
 static_assert(QuarterScales<KvFormat::kNvfp4DsMla>::kGroupBytes == 8, "nvfp4: one uint2 of nibbles per group");
 static_assert(QuarterScales<KvFormat::kNvfp4DsMlaFp8Rope>::kGroupBytes == 8);
 
@@ -203,6 +249,11 @@ static_assert(Lane<KvFormat::kNvfp4DsMla>::kLatentBytes == 8, "nvfp4 writer: one
 static_assert(Lane<KvFormat::kFp8DsMla>::kRopeBytes == 4 && Lane<KvFormat::kNvfp4DsMla>::kRopeBytes == 4,
               "bf16 rope: one u32 per lane");
 static_assert(Lane<KvFormat::kNvfp4DsMlaFp8Rope>::kRopeBytes == 2, "e4m3 rope: one u16 per lane");
+static_assert(Lane<KvFormat::kNvfp4DsMlaInt8Rope>::kRopeBytes == 2, "int8 rope: one u16 per lane");
+static_assert(Parts<KvFormat::kNvfp4DsMlaInt8Rope>::kPadBytes == 12 &&
+                  Parts<KvFormat::kNvfp4DsMlaInt8Rope>::kPadOffset % 4 == 0 &&
+                  (Parts<KvFormat::kNvfp4DsMlaInt8Rope>::kPadOffset + 4) % 8 == 0,
+              "int8-rope writer: the pad is one u32 and one uint2");
 static_assert(Parts<KvFormat::kNvfp4DsMla>::kPadBytes == 16 && Parts<KvFormat::kNvfp4DsMla>::kPadOffset % 16 == 0,
               "nvfp4 writer: the pad is one uint4");
 static_assert(Parts<KvFormat::kNvfp4DsMlaFp8Rope>::kPadBytes == 12 &&

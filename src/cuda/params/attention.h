@@ -18,6 +18,8 @@ struct AttentionParams {
   int64_t num_blocks, num_slots;
   int block_size, record_bytes;
   float outer_scale;              // the layer's NVFP4 s_l (1 for the other formats)
+  bool token_scale;               // nvfp4 per-token scale mode: each record's s_t at [292, 296) replaces s_l
+                                  // (the sm80 path only; attention_path.cc keeps such layers off sm90)
   const int32_t* block_table;     // dense: [B, bt_cols] i32 block ids, strides bt_s0, bt_s1; -1 / out of range: skipped
   int64_t bt_s0, bt_s1;
   int64_t bt_cols;  // max_blocks: positions past bt_cols * block_size are never read

@@ -13,6 +13,7 @@ struct WriterParams {
   int64_t num_slots;
   int record_bytes;
   float outer_scale;       // nvfp4 s_l: latents are encoded as latent / s_l
+  bool token_scale;        // nvfp4 per-token scale mode: latent / s_t, s_t stored at [292, 296) (then s_l is 1)
   Fp8ScaleMode fp8_mode;   // fp8_ds_mla tile scales
   const int64_t* slots;    // [n] i64, contiguous; < 0 skipped, >= num_slots skipped and counted
   int64_t n;

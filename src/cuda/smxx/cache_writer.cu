@@ -77,43 +77,71 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) write_cache_kernel(Writer
                         (static_cast<uint32_t>(f32_to_bf16(load_in(p.rope, ro, kLaneRope * lane + 1, p.bf16_input))) << 16);
     reinterpret_cast<uint32_t*>(rec + P::kRopeOffset)[lane] = r2;
   } else {
+    static_assert(is_nvfp4_format(F));
     using P = record::Parts<F>;
     using Ln = record::Lane<F>;
     static_assert(record::kLanesPerScale<F> == 1);
     // Lane g: group g (dims [16g, 16g+16)) -> bytes [8g, 8g+8) and scale byte 256+g.
-    float y[kLaneDims];
-    float amax = 0.0f;
+    float x[kLaneDims];
+    float lane_amax = 0.0f;
 #pragma unroll
     for (int i = 0; i < kLaneDims; ++i) {
-      y[i] = load_in(p.latent, lo, kLaneDims * lane + i, p.bf16_input) / p.outer_scale;
-      amax = fmaxf(amax, fabsf(y[i]));
+      x[i] = load_in(p.latent, lo, kLaneDims * lane + i, p.bf16_input);
+      lane_amax = fmaxf(lane_amax, fabsf(x[i]));
     }
-    const uint8_t sf_code = codec::nvfp4_group_scale_code(amax);
-    const float sf = e4m3_to_f32(sf_code);
+    // The divisor: s_l, or in token-scale mode s_t = token_amax * f32(1/2688) (the max over
+    // the warp is exact, so s_t equals the scalar codec's nvfp4_token_scale).
+    float s = p.outer_scale;
+    if (p.token_scale) s = warp_max(lane_amax, 32) * layout::nvfp4_token_scale::kFactor;
+    uint8_t sf_code = 0;
     uint32_t w[2] = {0, 0};
+    if (s != 0.0f) {  // s_t = 0: an all-zero latent, zero codes and scales (as the codec)
+      float y[kLaneDims];
+      float amax = 0.0f;
 #pragma unroll
-    for (int i = 0; i < kLaneDims; i += 2) {
-      const uint32_t b = codec::nvfp4_quantize(y[i], sf) | (codec::nvfp4_quantize(y[i + 1], sf) << 4);
-      w[i / 8] |= b << (8 * ((i / 2) % 4));
+      for (int i = 0; i < kLaneDims; ++i) {
+        y[i] = x[i] / s;
+        amax = fmaxf(amax, fabsf(y[i]));
+      }
+      sf_code = codec::nvfp4_group_scale_code(amax);
+      const float sf = e4m3_to_f32(sf_code);
+#pragma unroll
+      for (int i = 0; i < kLaneDims; i += 2) {
+        const uint32_t b = codec::nvfp4_quantize(y[i], sf) | (codec::nvfp4_quantize(y[i + 1], sf) << 4);
+        w[i / 8] |= b << (8 * ((i / 2) % 4));
+      }
     }
     *reinterpret_cast<uint2*>(rec + P::kLatentOffset + Ln::kLatentBytes * lane) = make_uint2(w[0], w[1]);
     rec[P::kScaleOffset + lane] = sf_code;
+    // The token scale's bits, or zero: the first u32 of the pad at kTokenScaleOffset.
+    const uint32_t ts_bits = p.token_scale ? f32_bits(s) : 0u;
     const float v0 = load_in(p.rope, ro, kLaneRope * lane, p.bf16_input);
     const float v1 = load_in(p.rope, ro, kLaneRope * lane + 1, p.bf16_input);
     if constexpr (F == KvFormat::kNvfp4DsMla) {
-      if (lane == 0) *reinterpret_cast<uint4*>(rec + P::kPadOffset) = make_uint4(0, 0, 0, 0);  // 16 pad bytes
+      static_assert(record::kTokenScaleOffset == P::kPadOffset + 4, "432 B: s_t is the pad's second u32");
+      if (lane == 0) *reinterpret_cast<uint4*>(rec + P::kPadOffset) = make_uint4(0, ts_bits, 0, 0);  // 16 pad bytes
       reinterpret_cast<uint32_t*>(rec + P::kRopeOffset)[lane] =
           static_cast<uint32_t>(f32_to_bf16(v0)) | (static_cast<uint32_t>(f32_to_bf16(v1)) << 16);
     } else {
+      static_assert(F == KvFormat::kNvfp4DsMlaFp8Rope || F == KvFormat::kNvfp4DsMlaInt8Rope);
+      static_assert(record::kTokenScaleOffset == P::kPadOffset, "368 B: s_t is the pad's first u32");
       const float ramax = warp_max(fmaxf(fabsf(v0), fabsf(v1)), 32);
-      const float rs = codec::rope_fp8_scale(ramax);
+      uint16_t codes;
+      float rs;
+      if constexpr (F == KvFormat::kNvfp4DsMlaFp8Rope) {
+        rs = codec::rope_fp8_scale(ramax);
+        codes = static_cast<uint16_t>(codec::rope_fp8_quantize(v0, rs) | (codec::rope_fp8_quantize(v1, rs) << 8));
+      } else {
+        rs = codec::rope_int8_scale(ramax);
+        codes = static_cast<uint16_t>(static_cast<uint8_t>(codec::rope_int8_quantize(v0, rs)) |
+                                      (static_cast<uint8_t>(codec::rope_int8_quantize(v1, rs)) << 8));
+      }
       if (lane == 0) {
         *reinterpret_cast<float*>(rec + P::kRopeScaleOffset) = rs;
-        *reinterpret_cast<uint32_t*>(rec + P::kPadOffset) = 0;  // 12 pad bytes: 4 + 8
+        *reinterpret_cast<uint32_t*>(rec + P::kPadOffset) = ts_bits;  // 12 pad bytes: 4 (s_t or 0) + 8
         *reinterpret_cast<uint2*>(rec + P::kPadOffset + sizeof(uint32_t)) = make_uint2(0, 0);
       }
-      reinterpret_cast<uint16_t*>(rec + P::kRopeOffset)[lane] =
-          static_cast<uint16_t>(codec::rope_fp8_quantize(v0, rs) | (codec::rope_fp8_quantize(v1, rs) << 8));
+      reinterpret_cast<uint16_t*>(rec + P::kRopeOffset)[lane] = codes;
     }
   }
 }
@@ -125,7 +153,7 @@ int launch_write_cache(KvFormat format, const WriterParams& p, void* stream) {
   const dim3 grid(static_cast<unsigned>((p.n + kWarpsPerBlock - 1) / kWarpsPerBlock));
   const dim3 block(kWarpsPerBlock * 32);
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  return dispatch_format(format, int{cudaErrorInvalidValue}, [&](auto tag) {
+  return dispatch_format<KernelSet::kAll>(format, int{cudaErrorInvalidValue}, [&](auto tag) {
     write_cache_kernel<decltype(tag)::value><<<grid, block, 0, s>>>(p);
     return static_cast<int>(cudaGetLastError());
   });

@@ -32,9 +32,7 @@ __host__ __device__ constexpr int staging_stages(KvFormat f) {
   return direct_k(f) ? 0 : (f == KvFormat::kFp8DsMla ? 1 : 2);
 }
 __host__ __device__ constexpr int issue_distance(KvFormat f) { return direct_k(f) ? 1 : staging_stages(f); }
-__host__ __device__ constexpr bool uses_lut(KvFormat f) {
-  return f == KvFormat::kNvfp4DsMla || f == KvFormat::kNvfp4DsMlaFp8Rope;
-}
+__host__ __device__ constexpr bool uses_lut(KvFormat f) { return is_nvfp4_format(f); }
 constexpr int kSlotRing = 4;  // tiles t .. t+3 (in use, in flight, issued, being fetched)
 constexpr int kLutEntries = 16;  // nvfp4: one float per e2m1 code
 

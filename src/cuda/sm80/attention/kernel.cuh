@@ -183,7 +183,7 @@ __global__ void __launch_bounds__(kThreads) mla_attention_kernel(KParams p) {
       static_assert(record::kQuarters == 4 && kThreads == kTile * record::kQuarters, "thread = (record, quarter)");
       const int r = tid >> 2, q = tid & 3;
       dequant_part<F>(sm.lut, sm.staging + ((tile % kStages) * kTile + r) * p.record_bytes, slots[r] >= 0, p.outer_scale,
-                      q, sm.k + r * kKStride);
+                      q, sm.k + r * kKStride, p.token_scale);
       __syncthreads();  // K tile complete; this staging stage is free again
     }
     issue_tile(tile + D);

@@ -2,8 +2,9 @@
 // format) into one bf16 row of the K tile, the fused dequantization of the attention.
 // Quarter q (record::Quarter, common/record_part.cuh) owns latent dims [128q, 128q+128)
 // and rope dims [16q, 16q+16). The products are the scalar codec's
-// (format/record_codec.h): e4m3 * s; (e2m1 * sf) * s_l; e4m3 * rope_scale; each then
-// rounded once to bf16. bf16 records need no reader: the kernel copies them into the
+// (format/record_codec.h): e4m3 * s; (e2m1 * sf) * s_l (or * s_t, the record's token
+// scale, in token-scale mode); e4m3 * rope_scale; int8 * rope_scale; each then rounded
+// once to bf16. bf16 records need no reader: the kernel copies them into the
 // K tile as they are.
 //
 // tests/cuda/record_reader_kernels.cu runs these very functions over every code of
@@ -55,9 +56,10 @@ __device__ inline void fill_lut(float* lut, int tid) {
 // `row` (the record's K row, kQkDim bf16, 16-byte aligned): latent dims
 // [128q, 128q+128) and rope dims [16q, 16q+16). An invalid token becomes zeros (its
 // bytes are not read). `lut`: fill_lut's table (nvfp4 formats; unused otherwise).
+// token_scale (nvfp4 formats): multiply by the record's s_t instead of `outer`.
 template <KvFormat F>
 __device__ inline void dequant_part(const float* lut, const uint8_t* rec, bool valid, float outer, int q,
-                                    uint16_t* row) {
+                                    uint16_t* row, bool token_scale = false) {
   static_assert(F != KvFormat::kBf16, "bf16 records are copied into the K tile, not dequantized");
   using P = record::Parts<F>;
   using Q = record::Quarter<F>;
@@ -94,7 +96,9 @@ __device__ inline void dequant_part(const float* lut, const uint8_t* rec, bool v
     reinterpret_cast<uint4*>(rop)[0] = rs[0];
     reinterpret_cast<uint4*>(rop)[1] = rs[1];
   } else {
+    static_assert(is_nvfp4_format(F));
     static_assert(P::kLatentBits == 4 && P::kScaleBytes == 1 && P::kDimsPerScale == 16);
+    if (token_scale) outer = *reinterpret_cast<const float*>(rec + record::kTokenScaleOffset);
 #pragma unroll 2
     for (int g = 0; g < QS::kScales; ++g) {  // groups 8q .. 8q+7
       const int group = QS::kScales * q + g;
@@ -118,6 +122,7 @@ __device__ inline void dequant_part(const float* lut, const uint8_t* rec, bool v
       reinterpret_cast<uint4*>(rop)[0] = rs[0];
       reinterpret_cast<uint4*>(rop)[1] = rs[1];
     } else {
+      static_assert(F == KvFormat::kNvfp4DsMlaFp8Rope || F == KvFormat::kNvfp4DsMlaInt8Rope);
       static_assert(P::kRopeBits == 8);
       const float rsc = *reinterpret_cast<const float*>(rec + P::kRopeScaleOffset);
       const uint4 b = *reinterpret_cast<const uint4*>(rec + P::kRopeOffset + Q::kRopeBytes * q);
@@ -125,7 +130,12 @@ __device__ inline void dequant_part(const float* lut, const uint8_t* rec, bool v
       float lo[8], hi[8], f[4];
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        e4m3x4_to_f32(w[j], f);
+        if constexpr (F == KvFormat::kNvfp4DsMlaFp8Rope) {
+          e4m3x4_to_f32(w[j], f);
+        } else {  // four int8 codes, exact as floats
+#pragma unroll
+          for (int k = 0; k < 4; ++k) f[k] = static_cast<float>(static_cast<int8_t>(w[j] >> (8 * k)));
+        }
 #pragma unroll
         for (int k = 0; k < 4; ++k) (j < 2 ? lo : hi)[4 * (j % 2) + k] = f[k] * rsc;
       }
