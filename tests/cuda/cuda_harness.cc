@@ -774,17 +774,34 @@ TEST_F(Cuda, WritersAreByteIdenticalToTheCpuCodecs) {
   }
   lat16.clear();
   for (float x : lat) lat16.push_back(f32_to_bf16(x));
+  // Inputs also with rows of 513 / 65 elements (row starts off the 16-byte grid): the
+  // writers' element-by-element load path instead of their vector loads.
+  const int64_t kOddL = kLatentDim + 1, kOddR = kRopeDim + 1;
+  std::vector<float> lat_odd(static_cast<std::size_t>(n * kOddL), 0.0f), rope_odd(static_cast<std::size_t>(n * kOddR), 0.0f);
+  std::vector<uint16_t> lat16_odd(lat_odd.size(), 0), rope16_odd(rope_odd.size(), 0);
+  for (int i = 0; i < n; ++i) {
+    for (int d = 0; d < kLatentDim; ++d) {
+      lat_odd[static_cast<std::size_t>(i * kOddL + 1 + d)] = lat[static_cast<std::size_t>(i * kLatentDim + d)];
+      lat16_odd[static_cast<std::size_t>(i * kOddL + 1 + d)] = lat16[static_cast<std::size_t>(i * kLatentDim + d)];
+    }
+    for (int d = 0; d < kRopeDim; ++d) {
+      rope_odd[static_cast<std::size_t>(i * kOddR + 1 + d)] = rope[static_cast<std::size_t>(i * kRopeDim + d)];
+      rope16_odd[static_cast<std::size_t>(i * kOddR + 1 + d)] = rope16[static_cast<std::size_t>(i * kRopeDim + d)];
+    }
+  }
   for (KvFormat f : kFormats) {
-    for (bool bf16_in : {false, true}) {
+    for (int in = 0; in < 4; ++in) {  // f32 / bf16 input, contiguous / odd row strides
+      const bool bf16_in = (in & 1) != 0, odd = (in & 2) != 0;
       for (int m = 0; m < 3; ++m) {  // 0 pow2 / static, 1 exact (fp8), 2 token-scale mode (nvfp4)
         const Fp8ScaleMode mode = m == 1 ? Fp8ScaleMode::kExact : Fp8ScaleMode::kPow2;
         const bool token_scale = m == 2;
         if (f != KvFormat::kFp8DsMla && m == 1) continue;
         if (!is_nvfp4_format(f) && token_scale) continue;
-        SCOPED_TRACE(std::string(format_name(f)) + (bf16_in ? " bf16 in" : " f32 in") + (m == 1 ? " exact" : "") +
-                     (token_scale ? " token-scale" : ""));
-        std::printf("  writer: %s, %s input, %s, %d tokens\n", std::string(format_name(f)).c_str(),
-                    bf16_in ? "bf16" : "f32", m == 1 ? "exact fp8 scales" : (token_scale ? "token-scale mode" : "pow2 fp8 scales / static"), n);
+        if (odd && m != 0) continue;
+        SCOPED_TRACE(std::string(format_name(f)) + (bf16_in ? " bf16 in" : " f32 in") + (odd ? " odd strides" : "") +
+                     (m == 1 ? " exact" : "") + (token_scale ? " token-scale" : ""));
+        std::printf("  writer: %s, %s input%s, %s, %d tokens\n", std::string(format_name(f)).c_str(),
+                    bf16_in ? "bf16" : "f32", odd ? " (rows of 513/65)" : "", m == 1 ? "exact fp8 scales" : (token_scale ? "token-scale mode" : "pow2 fp8 scales / static"), n);
         const float outer = format_info(f).has_outer_scale && !token_scale ? 0.3f : 1.0f;
         const int rb = record_bytes(f);
         // CPU expectation, slot by slot, on a cache poisoned with 0xAB.
@@ -801,12 +818,12 @@ TEST_F(Cuda, WritersAreByteIdenticalToTheCpuCodecs) {
         CUDA_OK(cudaMemset(d_cache.ptr, 0xAB, want.size()));
         DeviceBuffer<int64_t> d_slots(slots.size());
         d_slots.upload(slots);
-        DeviceBuffer<float> d_lat(lat.size()), d_rope(rope.size());
-        DeviceBuffer<uint16_t> d_lat16(lat16.size()), d_rope16(rope16.size());
-        d_lat.upload(lat);
-        d_rope.upload(rope);
-        d_lat16.upload(lat16);
-        d_rope16.upload(rope16);
+        DeviceBuffer<float> d_lat(odd ? lat_odd.size() : lat.size()), d_rope(odd ? rope_odd.size() : rope.size());
+        DeviceBuffer<uint16_t> d_lat16(odd ? lat16_odd.size() : lat16.size()), d_rope16(odd ? rope16_odd.size() : rope16.size());
+        d_lat.upload(odd ? lat_odd : lat);
+        d_rope.upload(odd ? rope_odd : rope);
+        d_lat16.upload(odd ? lat16_odd : lat16);
+        d_rope16.upload(odd ? rope16_odd : rope16);
         DeviceBuffer<int> d_err(1);
         CUDA_OK(cudaMemset(d_err.ptr, 0, sizeof(int)));
         CacheLayerView v;
@@ -819,11 +836,16 @@ TEST_F(Cuda, WritersAreByteIdenticalToTheCpuCodecs) {
         v.token_scale = token_scale;
         v.device = Device::cuda(0);
         const auto dt = bf16_in ? DType::kBF16 : DType::kF32;
-        const Status st = cuda::write_cache(
-            v, TensorView::contiguous(d_slots.ptr, DType::kI64, {n}, Device::cuda(0)),
-            TensorView::contiguous(bf16_in ? static_cast<void*>(d_lat16.ptr) : d_lat.ptr, dt, {n, kLatentDim}, Device::cuda(0)),
-            TensorView::contiguous(bf16_in ? static_cast<void*>(d_rope16.ptr) : d_rope.ptr, dt, {n, kRopeDim}, Device::cuda(0)),
-            mode, nullptr, d_err.ptr);
+        TensorView tl = TensorView::contiguous(bf16_in ? static_cast<void*>(d_lat16.ptr) : d_lat.ptr, dt, {n, kLatentDim}, Device::cuda(0));
+        TensorView tr = TensorView::contiguous(bf16_in ? static_cast<void*>(d_rope16.ptr) : d_rope.ptr, dt, {n, kRopeDim}, Device::cuda(0));
+        if (odd) {  // element 1 of each 513 / 65-element row
+          tl.data = static_cast<char*>(tl.data) + dtype_size(dt);
+          tl.strides[0] = kOddL;
+          tr.data = static_cast<char*>(tr.data) + dtype_size(dt);
+          tr.strides[0] = kOddR;
+        }
+        const Status st = cuda::write_cache(v, TensorView::contiguous(d_slots.ptr, DType::kI64, {n}, Device::cuda(0)), tl,
+                                            tr, mode, nullptr, d_err.ptr);
         ASSERT_TRUE(st.ok()) << st.to_string();
         CUDA_OK(cudaDeviceSynchronize());
         const auto got = d_cache.download();
@@ -1005,6 +1027,12 @@ TEST_F(Cuda, BadArgumentsAreStatusesNotCrashes) {
   EXPECT_NE(cuda::run_mla_attention(p, *plan, nullptr, nullptr).message().find("plan is for 4 splits"), std::string::npos);
   CacheLayerView host = t.view;
   EXPECT_FALSE(cuda::write_cache(host, p.seqlens, p.q, p.q, Fp8ScaleMode::kPow2, nullptr).ok());
+  // A cache pointer off the 16-byte grid the writers store in is refused, naming it.
+  CacheLayerView off = t.view;
+  off.device = Device::cuda(0);
+  off.data = static_cast<uint8_t*>(off.data) + 4;
+  const Status mis = cuda::write_cache(off, p.seqlens, p.q, p.q, Fp8ScaleMode::kPow2, nullptr);
+  EXPECT_NE(mis.message().find("16-byte aligned"), std::string::npos) << mis.to_string();
 }
 
 }  // namespace

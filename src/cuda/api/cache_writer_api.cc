@@ -1,6 +1,8 @@
 // The CUDA cache-writer API: validation on the host, one kernel launch.
 #include <fmt/format.h>
 
+#include <cstdint>
+
 #include "cuda/common/status.h"
 #include "cuda/smxx/launch.h"
 #include "mlakv/cuda.h"
@@ -15,6 +17,10 @@ Status write_cache(const CacheLayerView& layer, const TensorView& slots, const T
   }
   if (layer.latent_dim != kLatentDim || layer.rope_dim != kRopeDim) {
     return invalid_argument("cache: the CUDA writers need latent 512 + rope 64");
+  }
+  // The kernels store records in 16-byte pieces (every record size is a multiple of 16).
+  if (reinterpret_cast<std::uintptr_t>(layer.data) % 16 != 0) {
+    return invalid_argument(fmt::format("cache: the data pointer must be 16-byte aligned, got {}", static_cast<const void*>(layer.data)));
   }
   MLAKV_RETURN_IF_ERROR(check_tensor(slots, "slots", {{DType::kI64}, {-1}}, layer.device));
   const int64_t n = slots.size(0);

@@ -18,8 +18,61 @@ constexpr int kLaneDims = record::kLaneLatentDims;  // 16
 constexpr int kLaneRope = record::kLaneRopeDims;    // 2
 static_assert(record::kWriterLanes == 32, "one warp per record");
 
-__device__ __forceinline__ float load_in(const void* base, int64_t row_off, int i, bool bf16) {
-  return bf16 ? bf16_to_f32(static_cast<const uint16_t*>(base)[row_off + i]) : static_cast<const float*>(base)[row_off + i];
+// A lane's n (16 or 2) consecutive input elements starting at element `off`, as floats:
+// 16-byte (or 8-byte) vector loads when the address allows it - one load instruction
+// per 16 bytes instead of one per element, which is what the writer's bandwidth hangs
+// on - else element by element. The values are the same either way.
+template <int N>
+__device__ __forceinline__ void load_run(const void* base, int64_t off, bool bf16, float (&x)[N]) {
+  static_assert(N == 16 || N == 2);
+  if (bf16) {
+    const uint16_t* ptr = static_cast<const uint16_t*>(base) + off;
+    if constexpr (N == 16) {
+      if ((reinterpret_cast<uintptr_t>(ptr) & 15u) == 0) {
+        const uint4 a = __ldg(reinterpret_cast<const uint4*>(ptr)), b = __ldg(reinterpret_cast<const uint4*>(ptr) + 1);
+        const uint32_t w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          x[2 * k] = bf16_to_f32(static_cast<uint16_t>(w[k] & 0xFFFFu));
+          x[2 * k + 1] = bf16_to_f32(static_cast<uint16_t>(w[k] >> 16));
+        }
+        return;
+      }
+    } else {
+      if ((reinterpret_cast<uintptr_t>(ptr) & 3u) == 0) {
+        const uint32_t w = __ldg(reinterpret_cast<const uint32_t*>(ptr));
+        x[0] = bf16_to_f32(static_cast<uint16_t>(w & 0xFFFFu));
+        x[1] = bf16_to_f32(static_cast<uint16_t>(w >> 16));
+        return;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < N; ++i) x[i] = bf16_to_f32(ptr[i]);
+  } else {
+    const float* ptr = static_cast<const float*>(base) + off;
+    if constexpr (N == 16) {
+      if ((reinterpret_cast<uintptr_t>(ptr) & 15u) == 0) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const float4 v = __ldg(reinterpret_cast<const float4*>(ptr) + k);
+          x[4 * k] = v.x;
+          x[4 * k + 1] = v.y;
+          x[4 * k + 2] = v.z;
+          x[4 * k + 3] = v.w;
+        }
+        return;
+      }
+    } else {
+      if ((reinterpret_cast<uintptr_t>(ptr) & 7u) == 0) {
+        const float2 v = __ldg(reinterpret_cast<const float2*>(ptr));
+        x[0] = v.x;
+        x[1] = v.y;
+        return;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < N; ++i) x[i] = __ldg(ptr + i);
+  }
 }
 
 __device__ __forceinline__ float warp_max(float v, int width) {
@@ -42,24 +95,31 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) write_cache_kernel(Writer
   const int64_t lo = t * p.latent_stride, ro = t * p.rope_stride;
 
   if constexpr (F == KvFormat::kBf16) {
-    for (int i = lane; i < kLatentDim; i += 32) {
-      reinterpret_cast<uint16_t*>(rec)[i] = f32_to_bf16(load_in(p.latent, lo, i, p.bf16_input));
+    // Lane l: latent dims [16l, 16l+16) -> bytes [32l, 32l+32); rope dims [2l, 2l+2).
+    float x[kLaneDims];
+    load_run(p.latent, lo + kLaneDims * lane, p.bf16_input, x);
+    uint32_t w[kLaneDims / 2];
+#pragma unroll
+    for (int k = 0; k < kLaneDims / 2; ++k) {
+      w[k] = static_cast<uint32_t>(f32_to_bf16(x[2 * k])) | (static_cast<uint32_t>(f32_to_bf16(x[2 * k + 1])) << 16);
     }
-    for (int i = lane; i < kRopeDim; i += 32) {
-      reinterpret_cast<uint16_t*>(rec + record::Parts<F>::kRopeOffset)[i] = f32_to_bf16(load_in(p.rope, ro, i, p.bf16_input));
-    }
+    uint4* dst = reinterpret_cast<uint4*>(rec + record::Parts<F>::kLatentOffset + 2 * kLaneDims * lane);
+    dst[0] = make_uint4(w[0], w[1], w[2], w[3]);
+    dst[1] = make_uint4(w[4], w[5], w[6], w[7]);
+    float r[kLaneRope];
+    load_run(p.rope, ro + kLaneRope * lane, p.bf16_input, r);
+    reinterpret_cast<uint32_t*>(rec + record::Parts<F>::kRopeOffset)[lane] =
+        static_cast<uint32_t>(f32_to_bf16(r[0])) | (static_cast<uint32_t>(f32_to_bf16(r[1])) << 16);
   } else if constexpr (F == KvFormat::kFp8DsMla) {
     using P = record::Parts<F>;
     using Ln = record::Lane<F>;
     constexpr int kLanesPerTile = record::kLanesPerScale<F>;  // 8 lanes per 128-dim tile
     // Lane l: dims [16l, 16l+16); tile = l / 8.
     float x[kLaneDims];
+    load_run(p.latent, lo + kLaneDims * lane, p.bf16_input, x);
     float amax = 0.0f;
 #pragma unroll
-    for (int i = 0; i < kLaneDims; ++i) {
-      x[i] = load_in(p.latent, lo, kLaneDims * lane + i, p.bf16_input);
-      amax = fmaxf(amax, fabsf(x[i]));
-    }
+    for (int i = 0; i < kLaneDims; ++i) amax = fmaxf(amax, fabsf(x[i]));
     amax = warp_max(amax, kLanesPerTile);
     const float s = codec::fp8_tile_scale(amax, p.fp8_mode);
     uint32_t w[4];
@@ -73,8 +133,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) write_cache_kernel(Writer
     if ((lane & (kLanesPerTile - 1)) == 0) {
       *reinterpret_cast<float*>(rec + P::kScaleOffset + P::kScaleBytes * (lane / kLanesPerTile)) = s;
     }
-    const uint32_t r2 = static_cast<uint32_t>(f32_to_bf16(load_in(p.rope, ro, kLaneRope * lane, p.bf16_input))) |
-                        (static_cast<uint32_t>(f32_to_bf16(load_in(p.rope, ro, kLaneRope * lane + 1, p.bf16_input))) << 16);
+    float r[kLaneRope];
+    load_run(p.rope, ro + kLaneRope * lane, p.bf16_input, r);
+    const uint32_t r2 = static_cast<uint32_t>(f32_to_bf16(r[0])) | (static_cast<uint32_t>(f32_to_bf16(r[1])) << 16);
     reinterpret_cast<uint32_t*>(rec + P::kRopeOffset)[lane] = r2;
   } else {
     static_assert(is_nvfp4_format(F));
@@ -83,12 +144,10 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) write_cache_kernel(Writer
     static_assert(record::kLanesPerScale<F> == 1);
     // Lane g: group g (dims [16g, 16g+16)) -> bytes [8g, 8g+8) and scale byte 256+g.
     float x[kLaneDims];
+    load_run(p.latent, lo + kLaneDims * lane, p.bf16_input, x);
     float lane_amax = 0.0f;
 #pragma unroll
-    for (int i = 0; i < kLaneDims; ++i) {
-      x[i] = load_in(p.latent, lo, kLaneDims * lane + i, p.bf16_input);
-      lane_amax = fmaxf(lane_amax, fabsf(x[i]));
-    }
+    for (int i = 0; i < kLaneDims; ++i) lane_amax = fmaxf(lane_amax, fabsf(x[i]));
     // The divisor: s_l, or in token-scale mode s_t = token_amax * f32(1/2688) (the max over
     // the warp is exact, so s_t equals the scalar codec's nvfp4_token_scale).
     float s = p.outer_scale;
@@ -115,8 +174,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) write_cache_kernel(Writer
     rec[P::kScaleOffset + lane] = sf_code;
     // The token scale's bits, or zero: the first u32 of the pad at kTokenScaleOffset.
     const uint32_t ts_bits = p.token_scale ? f32_bits(s) : 0u;
-    const float v0 = load_in(p.rope, ro, kLaneRope * lane, p.bf16_input);
-    const float v1 = load_in(p.rope, ro, kLaneRope * lane + 1, p.bf16_input);
+    float r[kLaneRope];
+    load_run(p.rope, ro + kLaneRope * lane, p.bf16_input, r);
+    const float v0 = r[0], v1 = r[1];
     if constexpr (F == KvFormat::kNvfp4DsMla) {
       static_assert(record::kTokenScaleOffset == P::kPadOffset + 4, "432 B: s_t is the pad's second u32");
       if (lane == 0) *reinterpret_cast<uint4*>(rec + P::kPadOffset) = make_uint4(0, ts_bits, 0, 0);  // 16 pad bytes
