@@ -1,9 +1,12 @@
-// MLA attention on Hopper (sm_90a), warp-specialized: the kernel template of the sm90
+// MLA attention on Hopper (sm_90a), warp-specialized: the kernel templates of the sm90
 // path (launch.h), instantiated once per record format in instantiations/<format>.cu.
 // Same semantics as the sm80 path (src/cuda/sm80/attention/kernel.cuh); design notes in
-// docs/design.md ("Hopper kernels").
+// docs/design.md ("Hopper kernels"). Two kernels share the producer warp and the ring:
+//   - attention_sm90_kernel (v7, described here first): the bf16 format;
+//   - attention_wg_kernel (v8, described further down): the quantized formats, the KV
+//     tile as the M dimension of wgmma m64n16k16 (S^T = K Q^T, O^T = V^T P^T).
 //
-// One CTA = 16 query rows x one KV split of one request (dense) or one query (sparse),
+// v7: one CTA = 16 query rows x one KV split of one request (dense) or one query (sparse),
 // 5 warps:
 //  - warp 4, the producer, walks the block table (or the top-k list) one tile of 32
 //    tokens at a time, lane t owning token t: it issues cp.async.bulk copies straight
@@ -1035,7 +1038,10 @@ __global__ void __launch_bounds__(kThreads, 2) attention_wg_kernel(const __grid_
       vis[j][e] = row_vis[8 * j + 2 * c + e];
     }
   }
-  const uint32_t qt_addr = mlakv::cuda::ptx::smem_addr(qt), pt_addr = mlakv::cuda::ptx::smem_addr(pt);
+  const uint32_t pt_addr = mlakv::cuda::ptx::smem_addr(pt);
+  // Descriptor words of Q^T and P^T (k-step i at + 32 i: 512 B apart).
+  const uint32_t q_lo = ptx::desc_lo(mlakv::cuda::ptx::smem_addr(qt), 128), p_lo = ptx::desc_lo(pt_addr, 128);
+  const uint32_t b_hi = ptx::desc_hi(256);
   const int wg_g = 8 * w + g;
 
   float o[8][8];  // O^T: m-block mb (64 dims), fragment as wgmma's d
@@ -1091,7 +1097,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_wg_kernel(const __grid_
       for (int j = 0; j < 4; ++j) {
         const int qa = kFp8 ? ((kc >> 1) & 1) : 0;
         const int first = kFp8 ? ((kc & 1) == 0 && j == 0) : (kc == 0 && j == 0);
-        ptx::wgmma_f16(acc[qa], a[j], ptx::smem_desc(qt_addr + 512 * (4 * kc + j), 128, 256), first ? 0 : 1);
+        ptx::wgmma_f16(acc[qa], a[j], q_lo + 32 * (4 * kc + j), b_hi, first ? 0 : 1);
       }
       // At most two chunks in flight: the A registers of chunk kc - 1 are free again.
       ptx::wg_commit();
@@ -1109,9 +1115,9 @@ __global__ void __launch_bounds__(kThreads, 2) attention_wg_kernel(const __grid_
       ptx::wg_fence();
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const uint64_t d = ptx::smem_desc(qt_addr + 512 * (32 + j), 128, 256);
-        if constexpr (f16_rope(F)) ptx::wgmma_f16(accr, a[j], d, j == 0 ? 0 : 1);
-        else ptx::wgmma_bf16(accr, a[j], d, j == 0 ? 0 : 1);
+        const uint32_t d = q_lo + 32 * (32 + j);
+        if constexpr (f16_rope(F)) ptx::wgmma_f16(accr, a[j], d, b_hi, j == 0 ? 0 : 1);
+        else ptx::wgmma_bf16(accr, a[j], d, b_hi, j == 0 ? 0 : 1);
       }
     }
     ptx::wg_commit();
@@ -1252,7 +1258,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_wg_kernel(const __grid_
         for (int m = 0; m < 4; ++m) {
           const int mb = 4 * half + m;
           const int q = kFp8 ? (mb >> 1) : 0;
-          ptx::wgmma_f16(o[mb], a[m], ptx::smem_desc(pt_addr + q * kPtBytes + 512 * kk, 128, 256), 1);
+          ptx::wgmma_f16(o[mb], a[m], p_lo + (q * kPtBytes + 512 * kk) / 16, b_hi, 1);
         }
         ptx::wg_commit();
         if (kk < 3 || half == 0) ptx::wg_wait<1>();

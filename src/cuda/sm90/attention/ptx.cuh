@@ -107,13 +107,10 @@ __device__ __forceinline__ void mma_f16_16816(float (&d)[4], const uint32_t (&a)
 
 
 // ---- wgmma (sm_90a): warpgroup MMAs, A from registers, B from shared memory ----------
-// B descriptor for a K-major operand without swizzle: core matrices of 8 rows x 16 B
-// (rows 16 B apart); `lbo` = bytes between the two core matrices of a k16 step (K
-// direction), `sbo` = bytes between 8-row groups (N direction); 16-B aligned.
-__device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
-  return static_cast<uint64_t>((addr & 0x3FFFFu) >> 4) | (static_cast<uint64_t>(lbo >> 4) << 16) |
-         (static_cast<uint64_t>(sbo >> 4) << 32);
-}
+// B descriptors (K-major, no swizzle): core matrices of 8 rows x 16 B (rows 16 B
+// apart); lbo = bytes between the two core matrices of a k16 step (K direction), sbo =
+// bytes between 8-row groups (N direction); 16-B aligned. (Checked on the H200 against
+// a host product: lbo 128 / sbo 256 for the layout of sm90 kernel.cuh's wg_b_offset.)
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N>
@@ -128,21 +125,25 @@ __device__ __forceinline__ void wg_hold(float (&d)[8]) {
 // d (64 x 16 f32, the warpgroup's accumulator fragment) = a (64 x 16, registers; warp
 // w holds rows 16w..16w+15 as an mma.sync A fragment) * B (16 x 16 at `desc`) + (acc ? d : 0).
 // Fragment of d: d[4j + 2h + e] = (row 16w + g + 8h, column 8j + 2c + e).
-__device__ __forceinline__ void wgmma_f16(float (&d)[8], const uint32_t (&a)[4], uint64_t desc, int acc) {
+// The descriptor travels as two words (lo: start address >> 4 | lbo >> 4 << 16, hi:
+// sbo >> 4) so that a k-step's descriptor is one 32-bit add to a hoisted base.
+__device__ __forceinline__ uint32_t desc_lo(uint32_t addr, uint32_t lbo) { return ((addr & 0x3FFFFu) >> 4) | ((lbo >> 4) << 16); }
+__device__ __forceinline__ uint32_t desc_hi(uint32_t sbo) { return sbo >> 4; }
+__device__ __forceinline__ void wgmma_f16(float (&d)[8], const uint32_t (&a)[4], uint32_t dlo, uint32_t dhi, int acc) {
   asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, "
+      "{\n.reg .pred p;\n.reg .b64 desc;\nsetp.ne.b32 p, %14, 0;\nmov.b64 desc, {%12, %13};\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, desc, "
       "p, 1, 1, 0;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(acc));
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(dlo), "r"(dhi), "r"(acc));
 }
-__device__ __forceinline__ void wgmma_bf16(float (&d)[8], const uint32_t (&a)[4], uint64_t desc, int acc) {
+__device__ __forceinline__ void wgmma_bf16(float (&d)[8], const uint32_t (&a)[4], uint32_t dlo, uint32_t dhi, int acc) {
   asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+      "{\n.reg .pred p;\n.reg .b64 desc;\nsetp.ne.b32 p, %14, 0;\nmov.b64 desc, {%12, %13};\n"
       "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, "
-      "%12, p, 1, 1, 0;\n}\n"
+      "desc, p, 1, 1, 0;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(acc));
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(dlo), "r"(dhi), "r"(acc));
 }
 // Four 8x8 b16 matrices stored transposed: lane l gives the address of memory row
 // (l % 8) of matrix (l / 8); register j holds matrix j's fragment (row l / 4, columns
