@@ -253,7 +253,7 @@ double writer_gbps(KvFormat f, int reps, curandGenerator_t gen, bool token_scale
 
 int main(int argc, char** argv) {
   int reps = 30;
-  int only_shape = -1;
+  std::vector<int> only_shapes;  // --shape I[,J...]: those shape indices only
   bool skip_ceilings = false;
   std::string json_path, only, only_kernel;
   for (int i = 1; i < argc; ++i) {
@@ -261,11 +261,18 @@ int main(int argc, char** argv) {
     if (a == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
     else if (a == "--json" && i + 1 < argc) json_path = argv[++i];
     else if (a == "--format" && i + 1 < argc) only = argv[++i];
-    else if (a == "--shape" && i + 1 < argc) only_shape = std::atoi(argv[++i]);
+    else if (a == "--shape" && i + 1 < argc) {
+      const std::string list = argv[++i];
+      for (std::size_t pos = 0; pos <= list.size();) {
+        const std::size_t comma = std::min(list.find(',', pos), list.size());
+        only_shapes.push_back(std::atoi(list.substr(pos, comma - pos).c_str()));
+        pos = comma + 1;
+      }
+    }
     else if (a == "--no-ceilings") skip_ceilings = true;
     else if (a == "--kernel" && i + 1 < argc) only_kernel = argv[++i];
     else {
-      std::fprintf(stderr, "error: unknown argument '%s' (usage: bench_cuda [--reps N] [--json PATH] [--format F] [--shape I] [--kernel sm80|sm90] [--no-ceilings])\n", a.c_str());
+      std::fprintf(stderr, "error: unknown argument '%s' (usage: bench_cuda [--reps N] [--json PATH] [--format F] [--shape I[,J...]] [--kernel sm80|sm90] [--no-ceilings])\n", a.c_str());
       return 2;
     }
   }
@@ -286,12 +293,13 @@ int main(int argc, char** argv) {
   // Issue 12's shapes: memory-bound decode (H=16), compute-bound dense (H=128 s_q=2),
   // sparse top-k 2048 at H=128/64, and the tensor-parallel sparse shapes (H=8/16 per GPU,
   // s_q=1, B=1/8/64), which FlashMLA's Hopper kernel runs only with heads padded to 64.
-  const std::vector<Shape> shapes = {{"decode", 64, 16, 1, 8192, 0},   {"decode", 64, 16, 1, 32768, 0},
-                                     {"decode", 128, 16, 1, 8192, 0},  {"decode", 128, 16, 1, 32768, 0},
-                                     {"decode", 64, 128, 2, 8192, 0},  {"sparse", 64, 128, 2, 32768, 2048},
-                                     {"sparse", 64, 64, 2, 32768, 2048}, {"sparse", 1, 8, 1, 32768, 2048},
-                                     {"sparse", 8, 8, 1, 32768, 2048}, {"sparse", 64, 8, 1, 32768, 2048},
-                                     {"sparse", 1, 16, 1, 32768, 2048}, {"sparse", 8, 16, 1, 32768, 2048},
+  // (--shape takes these indices.)
+  const std::vector<Shape> shapes = {{"decode", 64, 16, 1, 8192, 0},      {"decode", 64, 16, 1, 32768, 0},
+                                     {"decode", 128, 16, 1, 8192, 0},     {"decode", 64, 128, 2, 8192, 0},
+                                     {"sparse", 64, 128, 2, 32768, 2048}, {"decode", 128, 16, 1, 32768, 0},
+                                     {"sparse", 64, 64, 2, 32768, 2048},  {"sparse", 1, 8, 1, 32768, 2048},
+                                     {"sparse", 8, 8, 1, 32768, 2048},    {"sparse", 64, 8, 1, 32768, 2048},
+                                     {"sparse", 1, 16, 1, 32768, 2048},   {"sparse", 8, 16, 1, 32768, 2048},
                                      {"sparse", 64, 16, 1, 32768, 2048}};
   nlohmann::json j;
   j["device"] = props->name;
@@ -308,7 +316,9 @@ int main(int argc, char** argv) {
     if (!only.empty() && fi.name != only) continue;
     if (fi.format == KvFormat::kF32) continue;  // a CPU parity-check format: no CUDA kernels
     for (std::size_t si = 0; si < shapes.size(); ++si) {
-      if (only_shape >= 0 && static_cast<int>(si) != only_shape) continue;
+      if (!only_shapes.empty() && std::find(only_shapes.begin(), only_shapes.end(), static_cast<int>(si)) == only_shapes.end()) {
+        continue;
+      }
       const Shape& sh = shapes[si];
       for (const Result& r : run_shape(fi.format, sh, reps, copy, mm, gen, props->multiprocessors, kernels)) {
         std::printf("%-8s %-22s %-7s %3d %4d %4d %6d %5d %6d %9.4f %11.4g %7.3f %8.1f %6.1f%% %6.1f%%\n",
@@ -342,7 +352,7 @@ int main(int argc, char** argv) {
   }
   std::printf("\ncache writers (262144 tokens, f32 input, shuffled slots; bytes = input read + slot + record written):\n");
   for (const FormatInfo& fi : all_formats()) {
-    if ((!only.empty() && fi.name != only) || only_shape >= 0 || fi.format == KvFormat::kF32) continue;
+    if ((!only.empty() && fi.name != only) || !only_shapes.empty() || fi.format == KvFormat::kF32) continue;
     for (const bool ts : {false, true}) {
       if (ts && !is_nvfp4_format(fi.format)) continue;
       const double g = writer_gbps(fi.format, reps, gen, ts);

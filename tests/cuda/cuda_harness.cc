@@ -747,6 +747,33 @@ TEST_F(Cuda, HopperKernelRingAndSplitEdges) {
   }
 }
 
+// The warpgroup kernel of the quantized formats (sm90 v8, consumer tiles of 64 tokens
+// over two 32-token ring stages): sequences ending on either side of a tile and of a
+// stage, split chunks of several tiles with the ring wrapping, causal rows of two
+// queries whose visible lengths differ inside one tile, one head (15 empty rows of
+// the 16-row tile), bf16 q, and outer scales far from 1.
+TEST_F(Cuda, HopperWarpgroupKernelTileEdges) {
+  if (!is_hopper()) GTEST_SKIP() << "not an sm_90 device";
+  KernelEnv env("sm90");
+  for (KvFormat f : kFormats) {
+    if (f == KvFormat::kBf16) continue;  // the bf16 format runs the v7 kernel (covered above)
+    for (int variant = 0; variant < 3; ++variant) {
+      Case c;
+      c.format = f;
+      c.block_size = variant == 1 ? 16 : 64;
+      c.heads = variant == 2 ? 1 : 8;
+      c.s_q = variant == 2 ? 1 : 2;
+      c.splits = variant == 0 ? 1 : 3;
+      c.seqlens = variant == 2 ? std::vector<int>{64, 65, 447} : std::vector<int>{31, 32, 63, 64, 127, 129, 705};
+      c.bf16_q = variant == 1;
+      c.outer_scale = format_info(f).has_outer_scale ? (variant == 1 ? 1e-3f : 37.0f) : 1.0f;
+      c.seed = static_cast<uint32_t>(1200 + variant);
+      check_case(c);
+      if (HasFatalFailure()) return;
+    }
+  }
+}
+
 // ---- cache writers: byte-identical to the CPU codecs ---------------------------------------
 TEST_F(Cuda, WritersAreByteIdenticalToTheCpuCodecs) {
   const int n = 300;

@@ -1,9 +1,12 @@
-// MLA attention on Hopper (sm_90a), warp-specialized: the kernel template of the sm90
+// MLA attention on Hopper (sm_90a), warp-specialized: the kernel templates of the sm90
 // path (launch.h), instantiated once per record format in instantiations/<format>.cu.
 // Same semantics as the sm80 path (src/cuda/sm80/attention/kernel.cuh); design notes in
-// docs/design.md ("Hopper kernels").
+// docs/design.md ("Hopper kernels"). Two kernels share the producer warp and the ring:
+//   - attention_sm90_kernel (v7, described here first): the bf16 format;
+//   - attention_wg_kernel (v8, described further down): the quantized formats, the KV
+//     tile as the M dimension of wgmma m64n16k16 (S^T = K Q^T, O^T = V^T P^T).
 //
-// One CTA = 16 query rows x one KV split of one request (dense) or one query (sparse),
+// v7: one CTA = 16 query rows x one KV split of one request (dense) or one query (sparse),
 // 5 warps:
 //  - warp 4, the producer, walks the block table (or the top-k list) one tile of 32
 //    tokens at a time, lane t owning token t: it issues cp.async.bulk copies straight
@@ -312,12 +315,63 @@ __device__ __forceinline__ void pv_kstep(const uint8_t* stage, const uint16_t* s
   return static_cast<int64_t>(raw) * p.block_size + pos % p.block_size;
 }
 
+// The producer warp: walks the token set one tile of kT tokens at a time (lane t owns
+// token t), issues the bulk copies of each tile into its ring stage (stage = tile % S),
+// zero-fills invalid tokens and publishes the tile's validity mask; waits on `empty`
+// before reusing a stage. Shared by both sm90 kernels.
+template <KvFormat F, int S, int kS>
+__device__ __forceinline__ void produce(const AttentionParams& p, int b, int i_fixed, int64_t begin, int64_t end,
+                                        int n_tiles, uint8_t* ring, uint64_t* full, uint64_t* empty, uint32_t* vmask,
+                                        int lane) {
+#if MLAKV_SM90_DEVICE
+  constexpr int kRec = Fmt<F>::kRecord;
+  int64_t slot = token_slot(p, b, i_fixed, begin + lane, end);
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    const int st = tile % S;
+    // Next tile's lookup first: its latency hides behind this tile's wait and copy.
+    const int64_t next = tile + 1 < n_tiles ? token_slot(p, b, i_fixed, begin + (tile + 1) * kT + lane, end) : -1;
+    if (tile >= S) ptx::mbar_wait(mlakv::cuda::ptx::smem_addr(&empty[st]), ((tile / S) - 1) & 1);
+    const bool valid = slot >= 0;
+    const uint32_t mask = __ballot_sync(0xFFFFFFFFu, valid);
+    uint8_t* dst = ring + (st * kT + lane) * kS;
+    const uint32_t bar = mlakv::cuda::ptx::smem_addr(&full[st]);
+    if (!valid) {
+      const uint4 z = make_uint4(0, 0, 0, 0);
+#pragma unroll 4
+      for (int k = 0; k < kRec / 16; ++k) reinterpret_cast<uint4*>(dst)[k] = z;
+      ptx::fence_proxy_async();  // the copy engine writes these bytes later
+    }
+    if (lane == 0) {
+      vmask[st] = mask;
+      ptx::mbar_expect_tx(bar, static_cast<uint32_t>(__popc(mask)) * kRec);
+    }
+    __syncwarp();
+    if constexpr (kS == kRec) {
+      // Unpadded stages: a run of tokens in consecutive slots (a block's records) is
+      // one bulk copy, issued by the run's first lane. Small copies are what bounds
+      // the copy engine (one copy per record caps it near 3e9 records/s on the H200).
+      const int64_t prev = __shfl_up_sync(0xFFFFFFFFu, slot, 1);
+      const bool cont = valid && lane > 0 && prev >= 0 && slot == prev + 1;
+      const uint32_t cont_mask = __ballot_sync(0xFFFFFFFFu, cont);
+      if (valid && !cont) {
+        const uint64_t after = static_cast<uint64_t>(cont_mask) >> (lane + 1);  // run continues while set
+        const int len = 1 + (__ffsll(static_cast<long long>(~after)) - 1);
+        ptx::bulk_g2s(mlakv::cuda::ptx::smem_addr(dst), p.cache + slot * kRec, static_cast<uint32_t>(len * kRec), bar);
+      }
+    } else {
+      if (valid) ptx::bulk_g2s(mlakv::cuda::ptx::smem_addr(dst), p.cache + slot * kRec, kRec, bar);
+    }
+    ptx::mbar_arrive(bar);
+    slot = next;
+  }
+#endif
+}
+
 template <KvFormat F>
 __global__ void __launch_bounds__(kThreads, 2) attention_sm90_kernel(const __grid_constant__ AttentionParams p) {
 #if MLAKV_SM90_DEVICE
   constexpr int S = stages<F>();
   constexpr int kS = Fmt<F>::kStride;
-  constexpr int kRec = Fmt<F>::kRecord;
   extern __shared__ __align__(128) uint8_t smem[];
   uint8_t* ring = smem;
   float4* s_part = reinterpret_cast<float4*>(smem + static_cast<std::size_t>(S) * kT * kS);
@@ -382,46 +436,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_sm90_kernel(const __gri
   __syncthreads();
 
   if (warp == kConsumerWarps) {
-    // ================= producer =================
-    int64_t slot = token_slot(p, b, i_fixed, begin + lane, end);
-    for (int tile = 0; tile < n_tiles; ++tile) {
-      const int st = tile % S;
-      // Next tile's lookup first: its latency hides behind this tile's wait and copy.
-      const int64_t next = tile + 1 < n_tiles ? token_slot(p, b, i_fixed, begin + (tile + 1) * kT + lane, end) : -1;
-      if (tile >= S) ptx::mbar_wait(mlakv::cuda::ptx::smem_addr(&empty[st]), ((tile / S) - 1) & 1);
-      const bool valid = slot >= 0;
-      const uint32_t mask = __ballot_sync(0xFFFFFFFFu, valid);
-      uint8_t* dst = ring + (st * kT + lane) * kS;
-      const uint32_t bar = mlakv::cuda::ptx::smem_addr(&full[st]);
-      if (!valid) {
-        const uint4 z = make_uint4(0, 0, 0, 0);
-#pragma unroll 4
-        for (int k = 0; k < kRec / 16; ++k) reinterpret_cast<uint4*>(dst)[k] = z;
-        ptx::fence_proxy_async();  // the copy engine writes these bytes later
-      }
-      if (lane == 0) {
-        vmask[st] = mask;
-        ptx::mbar_expect_tx(bar, static_cast<uint32_t>(__popc(mask)) * kRec);
-      }
-      __syncwarp();
-      if constexpr (kS == kRec) {
-        // Unpadded stages: a run of tokens in consecutive slots (a block's records) is
-        // one bulk copy, issued by the run's first lane. Small copies are what bounds
-        // the copy engine (one copy per record caps it near 3e9 records/s on the H200).
-        const int64_t prev = __shfl_up_sync(0xFFFFFFFFu, slot, 1);
-        const bool cont = valid && lane > 0 && prev >= 0 && slot == prev + 1;
-        const uint32_t cont_mask = __ballot_sync(0xFFFFFFFFu, cont);
-        if (valid && !cont) {
-          const uint64_t after = static_cast<uint64_t>(cont_mask) >> (lane + 1);  // run continues while set
-          const int len = 1 + (__ffsll(static_cast<long long>(~after)) - 1);
-          ptx::bulk_g2s(mlakv::cuda::ptx::smem_addr(dst), p.cache + slot * kRec, static_cast<uint32_t>(len * kRec), bar);
-        }
-      } else {
-        if (valid) ptx::bulk_g2s(mlakv::cuda::ptx::smem_addr(dst), p.cache + slot * kRec, kRec, bar);
-      }
-      ptx::mbar_arrive(bar);
-      slot = next;
-    }
+    produce<F, S, kS>(p, b, i_fixed, begin, end, n_tiles, ring, full, empty, vmask, lane);
     return;
   }
 
@@ -713,26 +728,649 @@ __global__ void __launch_bounds__(kThreads, 2) attention_sm90_kernel(const __gri
 #endif  // MLAKV_SM90_DEVICE
 }
 
+// ============================================================================================
+// The warpgroup kernel (v8) for the quantized formats: the KV tile is the wgmma M
+// dimension. One CTA = 16 query rows x one split, 4 consumer warps (one warpgroup) +
+// the producer warp above. Per consumer tile of 64 tokens (two producer stages):
+//   scores  S^T (64 tokens x 16 rows) = K (64 x 576) Q^T: 36 wgmma m64n16k16, A = K
+//           dequantized straight into registers (warp w: tokens 16w..16w+15, converted
+//           once), B = Q^T in shared memory (written once per CTA, f16 latent after the
+//           per-row power-of-two prescale; bf16 or f16 rope); fp8: one accumulator per
+//           128-dim tile scale, the scales applied per token in fp32;
+//   softmax per row over the 64 tokens: warp shuffles + one exchange of 16 row maxima
+//           per warp (one named barrier); P^T written as f16 by stmatrix.trans (fp8: one
+//           copy per tile scale, P * scale / sig_q with sig_q the largest scale seen);
+//   P V     O^T (512 x 16) = V^T (512 x 64) P^T: 32 wgmma m64n16k16, A = V^T
+//           dequantized into registers (a thread's dims are contiguous bytes of 4
+//           tokens, byte-interleaved by prmt), B = P^T.
+// Every dequantized element is exact in f16 (e4m3; e2m1 * sf * 2^-7), as in v7, so the
+// harness's emulation (exact K/V, q and P roundings) is unchanged.
+constexpr int kWgTile = 64;                     // tokens per consumer tile (= 2 stages)
+constexpr int kWgKSteps = kQkDim / 16;          // 36 score k-steps (32 latent + 4 rope)
+constexpr int kQtBytes = kWgKSteps * 512;       // Q^T: per k-step 16 rows x 16 k, f16/bf16
+constexpr int kPtBytes = (kWgTile / 16) * 512;  // one P^T copy: 4 k-steps of 16 tokens
+template <KvFormat F>
+constexpr int wg_pt_copies() {
+  return F == KvFormat::kFp8DsMla ? 4 : 1;
+}
+constexpr int kWgRedBytes = 4 * (kConsumerWarps * kRows + kConsumerWarps * 4);
+constexpr int kWgMiscBytes = 2 * 8 * kMaxStages + 4 * kMaxStages + 4 * kRows * 3;
+template <KvFormat F>
+constexpr int wg_fixed_bytes() {
+  return kQtBytes + wg_pt_copies<F>() * kPtBytes + kWgRedBytes + ((kWgMiscBytes + 127) & ~127);
+}
+template <KvFormat F>
+constexpr int wg_stages() {
+  const int n = (kSmemBudget - wg_fixed_bytes<F>()) / (kT * Fmt<F>::kRecord);
+  return n < kMaxStages ? n : kMaxStages;
+}
+template <KvFormat F>
+constexpr std::size_t wg_smem_bytes() {
+  return static_cast<std::size_t>(wg_stages<F>()) * kT * Fmt<F>::kRecord + wg_fixed_bytes<F>();
+}
+static_assert(wg_stages<KvFormat::kFp8DsMla>() >= 2 && wg_stages<KvFormat::kNvfp4DsMla>() >= 2 &&
+              wg_stages<KvFormat::kNvfp4DsMlaFp8Rope>() >= 2);
+
+// Byte offset of element (row n, k index kk) of a 16 x 16 B block (K-major, no swizzle:
+// core matrices (n / 8, kk / 8) at 256 (n / 8) + 128 (kk / 8), rows 16 B apart).
+__host__ __device__ constexpr int wg_b_offset(int n, int kk) {
+  return 256 * (n >> 3) + 128 * (kk >> 3) + 16 * (n & 7) + 2 * (kk & 7);
+}
+// Head dim that k index kk (0..15) of score k-step ks (0..35) means: the order in which
+// a thread's A fragment holds its token's dims (lane c of a quad loads 16 dims).
+template <KvFormat F>
+__host__ __device__ constexpr int wg_qdim(int ks, int kk) {
+  const int c = (kk & 7) >> 1, e = kk & 1, hi = kk >> 3;
+  if (ks < 32) {
+    const int kc = ks >> 2, j = ks & 3, base = 64 * kc + 16 * c;
+    if constexpr (is_nvfp4(F)) return base + 8 * hi + j + 4 * e;  // e2m1 pairs (nibble j, j + 4)
+    return base + 4 * j + 2 * hi + e;                               // e4m3 pairs, in byte order
+  }
+  return kLatentDim + 16 * c + 4 * (ks - 32) + 2 * hi + e;  // rope (bf16 or e4m3), in order
+}
+
+#if MLAKV_SM90_DEVICE
+__device__ __forceinline__ uint32_t lds8(const uint8_t* p) { return *p; }
+
+// A fragments of score k-steps 4kc .. 4kc+3 (latent chunk kc of 64 dims) for tokens
+// rg (row g) and rg8 (row g + 8) of the warp's 16.
+template <KvFormat F>
+__device__ __forceinline__ void wg_k_chunk(const uint8_t* rg, const uint8_t* rg8, int kc, int c, uint32_t (&a)[4][4]) {
+  using P = record::Parts<F>;
+  if constexpr (F == KvFormat::kFp8DsMla) {
+    const uint4 x = lds128(rg + P::kLatentOffset + 64 * kc + 16 * c), y = lds128(rg8 + P::kLatentOffset + 64 * kc + 16 * c);
+    const uint32_t xw[4] = {x.x, x.y, x.z, x.w}, yw[4] = {y.x, y.y, y.z, y.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      a[j][0] = ptx::e4m3x2_to_f16x2(xw[j]);
+      a[j][1] = ptx::e4m3x2_to_f16x2(yw[j]);
+      a[j][2] = ptx::e4m3x2_hi_to_f16x2(xw[j]);
+      a[j][3] = ptx::e4m3x2_hi_to_f16x2(yw[j]);
+    }
+  } else {
+    const uint2 x = lds64(rg + P::kLatentOffset + 32 * kc + 8 * c), y = lds64(rg8 + P::kLatentOffset + 32 * kc + 8 * c);
+    const uint32_t sx = lds8(rg + P::kScaleOffset + 4 * kc + c), sy = lds8(rg8 + P::kScaleOffset + 4 * kc + c);
+    const uint32_t fx = ptx::hmul2(ptx::e4m3x2_to_f16x2(sx * 0x0101u), kF16x2_128);
+    const uint32_t fy = ptx::hmul2(ptx::e4m3x2_to_f16x2(sy * 0x0101u), kF16x2_128);
+    auto pair = [](uint32_t v, int j) {
+      return j == 0 ? e2m1_pair<0>(v) : j == 1 ? e2m1_pair<1>(v) : j == 2 ? e2m1_pair<2>(v) : e2m1_pair<3>(v);
+    };
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      a[j][0] = ptx::hmul2(pair(x.x, j), fx);
+      a[j][1] = ptx::hmul2(pair(y.x, j), fy);
+      a[j][2] = ptx::hmul2(pair(x.y, j), fx);
+      a[j][3] = ptx::hmul2(pair(y.y, j), fy);
+    }
+  }
+}
+
+// A fragments of the 4 rope k-steps (bf16 rope: raw pairs; e4m3 rope: cvt to f16).
+template <KvFormat F>
+__device__ __forceinline__ void wg_rope(const uint8_t* rg, const uint8_t* rg8, int c, uint32_t (&a)[4][4]) {
+  using P = record::Parts<F>;
+  if constexpr (F == KvFormat::kNvfp4DsMlaFp8Rope) {
+    const uint4 x = lds128(rg + P::kRopeOffset + 16 * c), y = lds128(rg8 + P::kRopeOffset + 16 * c);
+    const uint32_t xw[4] = {x.x, x.y, x.z, x.w}, yw[4] = {y.x, y.y, y.z, y.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      a[j][0] = ptx::e4m3x2_to_f16x2(xw[j]);
+      a[j][1] = ptx::e4m3x2_to_f16x2(yw[j]);
+      a[j][2] = ptx::e4m3x2_hi_to_f16x2(xw[j]);
+      a[j][3] = ptx::e4m3x2_hi_to_f16x2(yw[j]);
+    }
+  } else {
+    const uint4 x0 = lds128(rg + P::kRopeOffset + 32 * c), x1 = lds128(rg + P::kRopeOffset + 32 * c + 16);
+    const uint4 y0 = lds128(rg8 + P::kRopeOffset + 32 * c), y1 = lds128(rg8 + P::kRopeOffset + 32 * c + 16);
+    const uint32_t xw[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+    const uint32_t yw[8] = {y0.x, y0.y, y0.z, y0.w, y1.x, y1.y, y1.z, y1.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      a[j][0] = xw[2 * j];
+      a[j][1] = yw[2 * j];
+      a[j][2] = xw[2 * j + 1];
+      a[j][3] = yw[2 * j + 1];
+    }
+  }
+}
+
+// V^T A fragments of P V k-step kk, m-blocks 4 half .. 4 half + 3, for the thread's dims,
+// from its 4 tokens' records t0 = 2c, t1 = 2c+1, t8 = 2c+8, t9 = 2c+9 of the k-step.
+// m-block mb's rows:
+//   fp8:  row 16w + g + 8h -> dim 128 (mb / 2) + 4 (8w + g) + 2 (mb % 2) + h
+//   e2m1: row 16w + g + 8h -> dim 16 (8w + g) + 2 mb + h
+template <KvFormat F>
+__device__ __forceinline__ void wg_v_frags(const uint8_t* t0, const uint8_t* t1, const uint8_t* t8, const uint8_t* t9,
+                                           int wg_g, int half, uint32_t (&a)[4][4]) {
+  using P = record::Parts<F>;
+  if constexpr (F == KvFormat::kFp8DsMla) {
+#pragma unroll
+    for (int qq = 0; qq < 2; ++qq) {
+      const int off = P::kLatentOffset + 128 * (2 * half + qq) + 4 * wg_g;
+      const uint32_t w0 = lds32(t0 + off), w1 = lds32(t1 + off), w8 = lds32(t8 + off), w9 = lds32(t9 + off);
+      const uint32_t x0 = ptx::prmt(w0, w1, 0x5140), x1 = ptx::prmt(w0, w1, 0x7362);
+      const uint32_t y0 = ptx::prmt(w8, w9, 0x5140), y1 = ptx::prmt(w8, w9, 0x7362);
+      a[2 * qq][0] = ptx::e4m3x2_to_f16x2(x0);
+      a[2 * qq][1] = ptx::e4m3x2_hi_to_f16x2(x0);
+      a[2 * qq][2] = ptx::e4m3x2_to_f16x2(y0);
+      a[2 * qq][3] = ptx::e4m3x2_hi_to_f16x2(y0);
+      a[2 * qq + 1][0] = ptx::e4m3x2_to_f16x2(x1);
+      a[2 * qq + 1][1] = ptx::e4m3x2_hi_to_f16x2(x1);
+      a[2 * qq + 1][2] = ptx::e4m3x2_to_f16x2(y1);
+      a[2 * qq + 1][3] = ptx::e4m3x2_hi_to_f16x2(y1);
+    }
+  } else {
+    // word `half` of the thread's 8 latent bytes: dims 16 (8w + g) + 8 half .. + 7
+    const int off = P::kLatentOffset + 8 * wg_g + 4 * half, soff = P::kScaleOffset + wg_g;
+    const uint32_t v0 = lds32(t0 + off), v1 = lds32(t1 + off), v8 = lds32(t8 + off), v9 = lds32(t9 + off);
+    const uint32_t f01 = ptx::hmul2(ptx::e4m3x2_to_f16x2(lds8(t0 + soff) | (lds8(t1 + soff) << 8)), kF16x2_128);
+    const uint32_t f89 = ptx::hmul2(ptx::e4m3x2_to_f16x2(lds8(t8 + soff) | (lds8(t9 + soff) << 8)), kF16x2_128);
+#pragma unroll
+    for (int hb = 0; hb < 2; ++hb) {  // bytes (0,1) or (2,3) of the word: m-blocks 2hb, 2hb+1 of the half
+      const uint32_t sel = hb ? 0x7632u : 0x5410u;
+      const uint32_t z = ptx::prmt(v0, v1, sel), zz = ptx::prmt(v8, v9, sel);
+      const int m0 = 2 * hb;
+      a[m0][0] = ptx::hmul2(e2m1_pair<0>(z), f01);
+      a[m0][1] = ptx::hmul2(e2m1_pair<1>(z), f01);
+      a[m0][2] = ptx::hmul2(e2m1_pair<0>(zz), f89);
+      a[m0][3] = ptx::hmul2(e2m1_pair<1>(zz), f89);
+      a[m0 + 1][0] = ptx::hmul2(e2m1_pair<2>(z), f01);
+      a[m0 + 1][1] = ptx::hmul2(e2m1_pair<3>(z), f01);
+      a[m0 + 1][2] = ptx::hmul2(e2m1_pair<2>(zz), f89);
+      a[m0 + 1][3] = ptx::hmul2(e2m1_pair<3>(zz), f89);
+    }
+  }
+}
+#endif  // MLAKV_SM90_DEVICE
+
+template <KvFormat F>
+__global__ void __launch_bounds__(kThreads, 2) attention_wg_kernel(const __grid_constant__ AttentionParams p) {
+#if MLAKV_SM90_DEVICE
+  constexpr int S = wg_stages<F>();
+  constexpr int kRec = Fmt<F>::kRecord;
+  constexpr int kCopies = wg_pt_copies<F>();
+  constexpr bool kFp8 = F == KvFormat::kFp8DsMla;
+  extern __shared__ __align__(128) uint8_t smem[];
+  uint8_t* ring = smem;
+  uint8_t* qt = smem + static_cast<std::size_t>(S) * kT * kRec;
+  uint8_t* pt = qt + kQtBytes;
+  float* red = reinterpret_cast<float*>(pt + kCopies * kPtBytes);  // [4 warps][16 rows], then [4 warps][4 scales]
+  uint8_t* misc = reinterpret_cast<uint8_t*>(red) + kWgRedBytes;
+  uint64_t* full = reinterpret_cast<uint64_t*>(misc);
+  uint64_t* empty = full + kMaxStages;
+  uint32_t* vmask = reinterpret_cast<uint32_t*>(empty + kMaxStages);
+  int32_t* row_vis = reinterpret_cast<int32_t*>(vmask + kMaxStages);
+  float* row_sc = reinterpret_cast<float*>(row_vis + kRows);
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int row_block = blockIdx.x, split = blockIdx.z;
+  int b, i_fixed = 0;
+  if (p.sparse) {
+    b = blockIdx.y / p.s_q;
+    i_fixed = blockIdx.y % p.s_q;
+  } else {
+    b = blockIdx.y;
+  }
+  const int rows_req = p.sparse ? p.H : p.s_q * p.H;
+  const int row0 = row_block * kRows;
+  auto row_query = [&](int r) { return p.sparse ? i_fixed : (row0 + r) / p.H; };
+  auto row_head = [&](int r) { return p.sparse ? row0 + r : (row0 + r) % p.H; };
+
+  const int32_t seqlen =
+      p.sparse ? 0 : static_cast<int32_t>(std::clamp<int64_t>(p.seqlens[b * p.sl_s0], 0, p.bt_cols * p.block_size));
+  int64_t n_max;
+  if (p.sparse) {
+    n_max = p.topk;
+    if (p.topk_length != nullptr) n_max = std::clamp<int64_t>(p.topk_length[b * p.tl_s0], 0, n_max);
+  } else {
+    const int last_row = std::min(row0 + kRows, rows_req) - 1;
+    const int i_last = last_row / p.H;
+    n_max = p.causal ? std::min<int64_t>(seqlen, std::max<int64_t>(0, seqlen - p.s_q + i_last + 1)) : seqlen;
+  }
+  const int64_t per_split = (n_max + p.num_splits - 1) / p.num_splits;
+  const int64_t chunk = (per_split + kWgTile - 1) / kWgTile * kWgTile;
+  const int64_t begin = std::min<int64_t>(n_max, split * chunk), end = std::min<int64_t>(n_max, begin + chunk);
+  const int n_tiles = static_cast<int>((end - begin + kWgTile - 1) / kWgTile);  // consumer tiles of 64
+
+  if (tid == 0) {
+    for (int s = 0; s < S; ++s) {
+      ptx::mbar_init(mlakv::cuda::ptx::smem_addr(&full[s]), 32);
+      ptx::mbar_init(mlakv::cuda::ptx::smem_addr(&empty[s]), kConsumerWarps);
+    }
+    ptx::mbar_init_fence();
+  }
+  if (tid < kRows) {
+    int32_t vis = 0;
+    if (row0 + tid < rows_req) {
+      if (p.sparse) {
+        vis = 0x7FFFFFFF;
+      } else {
+        const int i = row_query(tid);
+        vis = p.causal ? std::max(0, std::min(seqlen, seqlen - p.s_q + i + 1)) : seqlen;
+      }
+    }
+    row_vis[tid] = vis;
+  }
+  __syncthreads();
+
+  if (warp == kConsumerWarps) {
+    produce<F, S, kRec>(p, b, i_fixed, begin, end, 2 * n_tiles, ring, full, empty, vmask, lane);
+    return;
+  }
+
+  // ================= consumers: one warpgroup =================
+  const int w = warp, g = lane >> 2, c = lane & 3;
+  // ---- Q^T into shared memory: row n = tid / 8, its 8 threads split the k-steps' pairs ----
+  {
+    const int n = tid >> 3, sub = tid & 7;
+    const bool ok = row0 + n < rows_req;
+    const int rc = ok ? n : 0;
+    const int64_t off = b * p.q_s0 + static_cast<int64_t>(row_query(rc)) * p.q_s1 +
+                        static_cast<int64_t>(row_head(rc)) * p.q_s2;
+    auto q_at = [&](int d) -> float {
+      float v = p.q_bf16 ? bf16_to_f32(static_cast<const uint16_t*>(p.q)[off + d]) : static_cast<const float*>(p.q)[off + d];
+      return ok ? v : 0.0f;
+    };
+    const float lat_base = is_nvfp4(F) ? p.outer_scale * 128.0f : 1.0f;
+    float amax = 0.0f;
+#pragma unroll 8
+    for (int k = 0; k < kQkDim / 8; ++k) {
+      const int d = sub + 8 * k;
+      amax = fmaxf(amax, fabsf(q_at(d) * (d < kLatentDim ? lat_base : 1.0f)));
+    }
+    amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 2));
+    amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 4));
+    int e = 0;
+    if (amax > 0.0f && amax <= 3.4e38f) {
+      int ex;
+      (void)frexpf(amax, &ex);
+      e = std::clamp(15 - ex, -100, 100);
+    }
+    if (sub == 0) row_sc[n] = ldexpf(p.scale_log2, -e);
+    const float mlat = ldexpf(lat_base, e), mrope = ldexpf(1.0f, e);
+#pragma unroll 4
+    for (int ks = 0; ks < kWgKSteps; ++ks) {
+      const int kk = 2 * sub;
+      const int d0 = wg_qdim<F>(ks, kk), d1 = wg_qdim<F>(ks, kk + 1);
+      uint32_t v;
+      if (ks < 32) {
+        v = ptx::pack_f16x2(q_at(d0) * mlat, q_at(d1) * mlat);
+      } else if constexpr (f16_rope(F)) {
+        v = ptx::pack_f16x2(q_at(d0) * mrope, q_at(d1) * mrope);
+      } else {
+        v = mlakv::cuda::ptx::pack_bf16x2(q_at(d0) * mrope, q_at(d1) * mrope);
+      }
+      *reinterpret_cast<uint32_t*>(qt + 512 * ks + wg_b_offset(n, kk)) = v;
+    }
+    ptx::fence_proxy_async();  // the tensor cores read Q^T through the async proxy
+  }
+  ptx::named_barrier(kConsumerBarrier, kConsumerThreads);
+
+  // The thread's 4 query rows: 8j + 2c + e (accumulator column of d[4j + 2h + e]).
+  float rsc[2][2];
+  int vis[2][2];
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      rsc[j][e] = row_sc[8 * j + 2 * c + e];
+      vis[j][e] = row_vis[8 * j + 2 * c + e];
+    }
+  }
+  const uint32_t pt_addr = mlakv::cuda::ptx::smem_addr(pt);
+  // Descriptor words of Q^T and P^T (k-step i at + 32 i: 512 B apart).
+  const uint32_t q_lo = ptx::desc_lo(mlakv::cuda::ptx::smem_addr(qt), 128), p_lo = ptx::desc_lo(pt_addr, 128);
+  const uint32_t b_hi = ptx::desc_hi(256);
+  const int wg_g = 8 * w + g;
+
+  float o[8][8];  // O^T: m-block mb (64 dims), fragment as wgmma's d
+#pragma unroll
+  for (int mb = 0; mb < 8; ++mb) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) o[mb][i] = 0.0f;
+  }
+  float m_run[2][2], l_run[2][2];
+#pragma unroll
+  for (int j = 0; j < 2; ++j) m_run[j][0] = m_run[j][1] = -INFINITY, l_run[j][0] = l_run[j][1] = 0.0f;
+  float sig[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // fp8: O rows of tile q are in units of sig[q]
+
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    const int pt0 = 2 * tile, pt1 = 2 * tile + 1;
+    const int st0 = pt0 % S, st1 = pt1 % S;
+    ptx::mbar_wait(mlakv::cuda::ptx::smem_addr(&full[st0]), (pt0 / S) & 1);
+    ptx::mbar_wait(mlakv::cuda::ptx::smem_addr(&full[st1]), (pt1 / S) & 1);
+    const uint8_t* stage0 = ring + st0 * kT * kRec;
+    const uint8_t* stage1 = ring + st1 * kT * kRec;
+    // ---- scores of this warp's 16 tokens ----
+    const uint8_t* mystage = (w >> 1) ? stage1 : stage0;
+    const int tl = 16 * (w & 1) + g;  // token of row g inside its stage
+    const uint8_t* rg = mystage + tl * kRec;
+    const uint8_t* rg8 = rg + 8 * kRec;
+    // fp8: quarter q accumulates into acc[q & 1] and is folded into sf (times the
+    // tokens' tile scale q) once its chunks are done, so two accumulators suffice.
+    using P = record::Parts<F>;
+    float ts[4][2];  // fp8: tile scales of tokens g (h = 0), g + 8 (h = 1)
+    if constexpr (kFp8) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float4 t4 = *reinterpret_cast<const float4*>((h ? rg8 : rg) + P::kScaleOffset);
+        ts[0][h] = t4.x;
+        ts[1][h] = t4.y;
+        ts[2][h] = t4.z;
+        ts[3][h] = t4.w;
+      }
+    }
+    float acc[2][8], accr[8], sf[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) sf[i] = 0.0f;
+    auto fold = [&](int q) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) sf[i] = fmaf(acc[q & 1][i], ts[q][(i >> 1) & 1], sf[i]);
+    };
+#pragma unroll
+    for (int kc = 0; kc < 8; ++kc) {
+      uint32_t a[4][4];
+      wg_k_chunk<F>(rg, rg8, kc, c, a);
+      ptx::wg_fence();
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int qa = kFp8 ? ((kc >> 1) & 1) : 0;
+        const int first = kFp8 ? ((kc & 1) == 0 && j == 0) : (kc == 0 && j == 0);
+        ptx::wgmma_f16(acc[qa], a[j], q_lo + 32 * (4 * kc + j), b_hi, first ? 0 : 1);
+      }
+      // At most two chunks in flight: the A registers of chunk kc - 1 are free again.
+      ptx::wg_commit();
+      ptx::wg_wait<1>();
+      if constexpr (kFp8) {
+        if (kc >= 2 && (kc & 1) == 0) {  // chunks of quarter kc/2 - 1 are done
+          ptx::wg_hold(acc[((kc >> 1) - 1) & 1]);
+          fold((kc >> 1) - 1);
+        }
+      }
+    }
+    {
+      uint32_t a[4][4];
+      wg_rope<F>(rg, rg8, c, a);
+      ptx::wg_fence();
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const uint32_t d = q_lo + 32 * (32 + j);
+        if constexpr (f16_rope(F)) ptx::wgmma_f16(accr, a[j], d, b_hi, j == 0 ? 0 : 1);
+        else ptx::wgmma_bf16(accr, a[j], d, b_hi, j == 0 ? 0 : 1);
+      }
+    }
+    ptx::wg_commit();
+    ptx::wg_wait<0>();
+    ptx::wg_hold(acc[0]);
+    ptx::wg_hold(acc[1]);
+    ptx::wg_hold(accr);
+    if constexpr (kFp8) fold(3);
+
+    // ---- scores -> masked, scaled (log2 domain) ----
+    float s[8];
+    const uint32_t mask = vmask[(w >> 1) ? st1 : st0];
+    const int64_t tb = begin + static_cast<int64_t>(tile) * kWgTile + 16 * w + g;  // position of token g
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int j = i >> 2, h = (i >> 1) & 1, e = i & 1;
+      float x;
+      if constexpr (kFp8) {
+        x = sf[i] + accr[i];
+      } else if constexpr (F == KvFormat::kNvfp4DsMla) {
+        x = acc[0][i] + accr[i];
+      } else {
+        x = fmaf(accr[i], ldsf((h ? rg8 : rg) + P::kRopeScaleOffset), acc[0][i]);
+      }
+      const bool ok = ((mask >> (tl + 8 * h)) & 1u) && tb + 8 * h < vis[j][e];
+      s[i] = ok ? x * rsc[j][e] : -INFINITY;
+    }
+    // ---- row maxima over the 64 tokens: shuffles over g, then across the warps ----
+    float mx[2][2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float v = fmaxf(s[4 * j + e], s[4 * j + 2 + e]);
+        v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 4));
+        v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 8));
+        v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 16));
+        mx[j][e] = v;
+      }
+    }
+    float tsm[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if constexpr (kFp8) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        float v = fmaxf(ts[q][0], ts[q][1]);
+        v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 4));
+        v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 8));
+        v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 16));
+        tsm[q] = v;
+      }
+    }
+    if (g == 0) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) red[w * kRows + 8 * j + 2 * c + e] = mx[j][e];
+      }
+      if (kFp8 && c == 0) {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) red[kConsumerWarps * kRows + 4 * w + q] = tsm[q];
+      }
+    }
+    ptx::named_barrier(kConsumerBarrier, kConsumerThreads);
+    float alpha[2][2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int r = 8 * j + 2 * c + e;
+        const float mt = fmaxf(fmaxf(red[r], red[kRows + r]), fmaxf(red[2 * kRows + r], red[3 * kRows + r]));
+        const float m_new = fmaxf(m_run[j][e], mt);
+        alpha[j][e] = m_run[j][e] == -INFINITY ? 0.0f : exp2f(m_run[j][e] - m_new);
+        m_run[j][e] = m_new;
+      }
+    }
+    float ratio[4] = {1.0f, 1.0f, 1.0f, 1.0f}, inv[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if constexpr (kFp8) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const float* rs = red + kConsumerWarps * kRows + q;
+        const float sm = fmaxf(fmaxf(rs[0], rs[4]), fmaxf(rs[8], rs[12]));
+        if (sm > sig[q]) {
+          ratio[q] = sig[q] / sm;
+          sig[q] = sm;
+        }
+        inv[q] = sig[q] > 0.0f ? 1.0f / sig[q] : 0.0f;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int j = i >> 2, e = i & 1;
+      const float pv = m_run[j][e] == -INFINITY ? 0.0f : exp2f(s[i] - m_run[j][e]);
+      s[i] = pv;
+    }
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) l_run[j][e] = l_run[j][e] * alpha[j][e] + s[4 * j + e] + s[4 * j + 2 + e];
+    }
+    // ---- O rescale (skipped when no factor changes) ----
+    bool change = alpha[0][0] != 1.0f || alpha[0][1] != 1.0f || alpha[1][0] != 1.0f || alpha[1][1] != 1.0f;
+    if constexpr (kFp8) change = change || ratio[0] != 1.0f || ratio[1] != 1.0f || ratio[2] != 1.0f || ratio[3] != 1.0f;
+    if (__any_sync(0xFFFFFFFFu, change)) {
+#pragma unroll
+      for (int mb = 0; mb < 8; ++mb) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const float f = alpha[i >> 2][i & 1] * (kFp8 ? ratio[mb >> 1] : 1.0f);
+          o[mb][i] *= f;
+        }
+      }
+    }
+    // ---- P^T (f16) by stmatrix.trans: warp w's 16 tokens are P V k-step w ----
+#pragma unroll
+    for (int q = 0; q < kCopies; ++q) {
+      float f0 = 1.0f, f1 = 1.0f;
+      if constexpr (kFp8) {
+        f0 = ts[q][0] * inv[q];
+        f1 = ts[q][1] * inv[q];
+      }
+      const uint32_t r0 = ptx::pack_f16x2(s[0] * f0, s[1] * f0), r1 = ptx::pack_f16x2(s[2] * f1, s[3] * f1);
+      const uint32_t r2 = ptx::pack_f16x2(s[4] * f0, s[5] * f0), r3 = ptx::pack_f16x2(s[6] * f1, s[7] * f1);
+      ptx::stmatrix_x4_trans(pt_addr + q * kPtBytes + 512 * w + 16 * lane, r0, r1, r2, r3);
+    }
+    ptx::fence_proxy_async();
+    ptx::named_barrier(kConsumerBarrier, kConsumerThreads);
+
+    // ---- O^T += V^T P^T: 8 groups of 4 m-blocks, at most two in flight ----
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      const uint8_t* base = ((kk >> 1) ? stage1 : stage0) + (16 * (kk & 1) + 2 * c) * kRec;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        uint32_t a[4][4];
+        wg_v_frags<F>(base, base + kRec, base + 8 * kRec, base + 9 * kRec, wg_g, half, a);
+        ptx::wg_fence();
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+          const int mb = 4 * half + m;
+          const int q = kFp8 ? (mb >> 1) : 0;
+          ptx::wgmma_f16(o[mb], a[m], p_lo + (q * kPtBytes + 512 * kk) / 16, b_hi, 1);
+        }
+        ptx::wg_commit();
+        if (kk < 3 || half == 0) ptx::wg_wait<1>();
+      }
+    }
+    // Both stages are no longer read by this warp's loads (the wgmmas read only P^T).
+    __syncwarp();
+    if (lane == 0) {
+      ptx::mbar_arrive(mlakv::cuda::ptx::smem_addr(&empty[st0]));
+      ptx::mbar_arrive(mlakv::cuda::ptx::smem_addr(&empty[st1]));
+    }
+    ptx::wg_wait<0>();
+#pragma unroll
+    for (int mb = 0; mb < 8; ++mb) ptx::wg_hold(o[mb]);
+  }
+
+  // ---- finalize: l over the 64 token lanes of each row, then out / lse ----
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      float v = l_run[j][e];
+      v += __shfl_xor_sync(0xFFFFFFFFu, v, 4);
+      v += __shfl_xor_sync(0xFFFFFFFFu, v, 8);
+      v += __shfl_xor_sync(0xFFFFFFFFu, v, 16);
+      l_run[j][e] = v;
+    }
+  }
+  ptx::named_barrier(kConsumerBarrier, kConsumerThreads);  // every warp is done reading red
+  if (g == 0) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) red[w * kRows + 8 * j + 2 * c + e] = l_run[j][e];
+    }
+  }
+  ptx::named_barrier(kConsumerBarrier, kConsumerThreads);
+  const float post_nv = is_nvfp4(F) ? p.outer_scale * 128.0f : 1.0f;
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int r = 8 * j + 2 * c + e;
+      if (row0 + r >= rows_req) continue;
+      const float l = red[r] + red[kRows + r] + red[2 * kRows + r] + red[3 * kRows + r];
+      const bool is_empty = l == 0.0f;
+      const float inv_l = is_empty ? 0.0f : 1.0f / l;
+      const float lse = is_empty ? -INFINITY : (m_run[j][e] + log2f(l)) * kLn2;
+      const int i = row_query(r), h = row_head(r);
+      float* dst;
+      if (p.num_splits == 1) {
+        dst = p.out + b * p.o_s0 + static_cast<int64_t>(i) * p.o_s1 + static_cast<int64_t>(h) * p.o_s2;
+        if (w == 0 && g == 0) p.lse[b * p.l_s0 + static_cast<int64_t>(i) * p.l_s1 + static_cast<int64_t>(h) * p.l_s2] = lse;
+      } else {
+        const int64_t grow = (static_cast<int64_t>(b) * p.s_q + i) * p.H + h;
+        dst = p.part_o + (static_cast<int64_t>(split) * p.rows_total + grow) * kLatentDim;
+        if (w == 0 && g == 0) p.part_lse[static_cast<int64_t>(split) * p.rows_total + grow] = lse;
+      }
+      // o[mb][4j + 2h + e]: dims as in wg_v_frags (contiguous runs of 4 / 16 floats).
+      if constexpr (kFp8) {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const float sc = inv_l * sig[q];
+          *reinterpret_cast<float4*>(dst + 128 * q + 4 * wg_g) =
+              make_float4(o[2 * q][4 * j + e] * sc, o[2 * q][4 * j + 2 + e] * sc, o[2 * q + 1][4 * j + e] * sc,
+                          o[2 * q + 1][4 * j + 2 + e] * sc);
+        }
+      } else {
+        const float sc = inv_l * post_nv;
+#pragma unroll
+        for (int mq = 0; mq < 4; ++mq) {
+          *reinterpret_cast<float4*>(dst + 16 * wg_g + 4 * mq) =
+              make_float4(o[2 * mq][4 * j + e] * sc, o[2 * mq][4 * j + 2 + e] * sc, o[2 * mq + 1][4 * j + e] * sc,
+                          o[2 * mq + 1][4 * j + 2 + e] * sc);
+        }
+      }
+    }
+  }
+#endif  // MLAKV_SM90_DEVICE
+}
+
 template <KvFormat F>
 int configure_format() {
-  return static_cast<int>(cudaFuncSetAttribute(attention_sm90_kernel<F>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               static_cast<int>(smem_bytes<F>())));
+  if constexpr (F == KvFormat::kBf16) {
+    return static_cast<int>(cudaFuncSetAttribute(attention_sm90_kernel<F>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 static_cast<int>(smem_bytes<F>())));
+  } else {
+    return static_cast<int>(cudaFuncSetAttribute(attention_wg_kernel<F>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 static_cast<int>(wg_smem_bytes<F>())));
+  }
 }
 
 template <KvFormat F>
 int occupancy_format() {
   if (configure_format<F>() != 0) return 0;
   int n = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attention_sm90_kernel<F>, kThreads, smem_bytes<F>()) !=
-      cudaSuccess) {
-    return 0;
+  cudaError_t e;
+  if constexpr (F == KvFormat::kBf16) {
+    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attention_sm90_kernel<F>, kThreads, smem_bytes<F>());
+  } else {
+    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attention_wg_kernel<F>, kThreads, wg_smem_bytes<F>());
   }
-  return n;
+  return e == cudaSuccess ? n : 0;
 }
 
 template <KvFormat F>
 cudaError_t launch_format(const AttentionParams& kp, dim3 grid, cudaStream_t s) {
-  attention_sm90_kernel<F><<<grid, kThreads, smem_bytes<F>(), s>>>(kp);
+  if constexpr (F == KvFormat::kBf16) {
+    attention_sm90_kernel<F><<<grid, kThreads, smem_bytes<F>(), s>>>(kp);
+  } else {
+    attention_wg_kernel<F><<<grid, kThreads, wg_smem_bytes<F>(), s>>>(kp);
+  }
   return cudaGetLastError();
 }
 
@@ -758,7 +1396,10 @@ int launch(const kernels::AttentionParams& kp, int row_blocks, void* stream) {
 template <KvFormat F>
 int binary_version() {
   cudaFuncAttributes attr{};
-  if (cudaFuncGetAttributes(&attr, attention_sm90_kernel<F>) != cudaSuccess) {
+  cudaError_t e;
+  if constexpr (F == KvFormat::kBf16) e = cudaFuncGetAttributes(&attr, attention_sm90_kernel<F>);
+  else e = cudaFuncGetAttributes(&attr, attention_wg_kernel<F>);
+  if (e != cudaSuccess) {
     (void)cudaGetLastError();
     return 0;
   }

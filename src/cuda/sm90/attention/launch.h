@@ -2,7 +2,9 @@
 // builds it when MLAKV_CUDA_ARCHS holds 90a and defines MLAKV_CUDA_HAVE_ARCH_90a for
 // api/attention_path.cc): a warp-specialized kernel, one producer warp issuing bulk
 // copies (cp.async.bulk) of whole records into an mbarrier ring of shared-memory stages,
-// four consumer warps feeding mma.sync through ldmatrix. Same operation, params and
+// four consumer warps: mma.sync through ldmatrix for bf16 records, one warpgroup of
+// wgmma m64n16k16 with the dequantized KV tile as the M operand (from registers) for
+// the quantized formats. Same operation, params and
 // output contract as the sm80 path (params/attention.h: split partials [splits][rows]
 // [512] + [splits][rows] in the workspace, merged by smxx's combine; empty set -> o = 0,
 // lse = -inf). docs/design.md "Hopper kernels" describes the design.

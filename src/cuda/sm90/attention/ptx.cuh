@@ -105,6 +105,55 @@ __device__ __forceinline__ void mma_f16_16816(float (&d)[4], const uint32_t (&a)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+
+// ---- wgmma (sm_90a): warpgroup MMAs, A from registers, B from shared memory ----------
+// B descriptors (K-major, no swizzle): core matrices of 8 rows x 16 B (rows 16 B
+// apart); lbo = bytes between the two core matrices of a k16 step (K direction), sbo =
+// bytes between 8-row groups (N direction); 16-B aligned. (Checked on the H200 against
+// a host product: lbo 128 / sbo 256 for the layout of sm90 kernel.cuh's wg_b_offset.)
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wg_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Keeps the compiler from moving accesses of an accumulator across the async MMAs.
+__device__ __forceinline__ void wg_hold(float (&d)[8]) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+// d (64 x 16 f32, the warpgroup's accumulator fragment) = a (64 x 16, registers; warp
+// w holds rows 16w..16w+15 as an mma.sync A fragment) * B (16 x 16 at `desc`) + (acc ? d : 0).
+// Fragment of d: d[4j + 2h + e] = (row 16w + g + 8h, column 8j + 2c + e).
+// The descriptor travels as two words (lo: start address >> 4 | lbo >> 4 << 16, hi:
+// sbo >> 4) so that a k-step's descriptor is one 32-bit add to a hoisted base.
+__device__ __forceinline__ uint32_t desc_lo(uint32_t addr, uint32_t lbo) { return ((addr & 0x3FFFFu) >> 4) | ((lbo >> 4) << 16); }
+__device__ __forceinline__ uint32_t desc_hi(uint32_t sbo) { return sbo >> 4; }
+__device__ __forceinline__ void wgmma_f16(float (&d)[8], const uint32_t (&a)[4], uint32_t dlo, uint32_t dhi, int acc) {
+  asm volatile(
+      "{\n.reg .pred p;\n.reg .b64 desc;\nsetp.ne.b32 p, %14, 0;\nmov.b64 desc, {%12, %13};\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, desc, "
+      "p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(dlo), "r"(dhi), "r"(acc));
+}
+__device__ __forceinline__ void wgmma_bf16(float (&d)[8], const uint32_t (&a)[4], uint32_t dlo, uint32_t dhi, int acc) {
+  asm volatile(
+      "{\n.reg .pred p;\n.reg .b64 desc;\nsetp.ne.b32 p, %14, 0;\nmov.b64 desc, {%12, %13};\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, "
+      "desc, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(dlo), "r"(dhi), "r"(acc));
+}
+// Four 8x8 b16 matrices stored transposed: lane l gives the address of memory row
+// (l % 8) of matrix (l / 8); register j holds matrix j's fragment (row l / 4, columns
+// 2 (l % 4), +1), which lands as column l / 4 of that memory row block.
+__device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0),
+               "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
+}
+
 #endif  // MLAKV_SM90_DEVICE
 
 }  // namespace mlakv::cuda::sm90::ptx
