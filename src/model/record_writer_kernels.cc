@@ -258,7 +258,7 @@ void e4m3_codes_simd(const float* y, int64_t n, uint8_t* out) { HWY_DYNAMIC_DISP
 void e2m1_codes_simd(const float* y, int64_t n, uint8_t* out) { HWY_DYNAMIC_DISPATCH(E2m1CodesN)(y, n, out); }
 
 Status write_cache_records(KvCache& cache, int layer, std::span<const int64_t> slots, const float* latent,
-                           const float* rope, ThreadPool* pool) {
+                           const float* rope, ThreadPool* pool, const LatentTransformKernel* transform) {
   MLAKV_ASSIGN_OR_RETURN(CacheLayerView v, cache.layer(layer));
   const int64_t n = static_cast<int64_t>(slots.size());
   const int L = v.latent_dim, R = v.rope_dim;
@@ -280,12 +280,40 @@ Status write_cache_records(KvCache& cache, int layer, std::span<const int64_t> s
     if (!std::isfinite(rope[i]))
       return invalid_argument(fmt::format("layer {}: rope[{}, {}] is not finite", layer, i / R, i % R));
   }
+  if (transform != nullptr) {
+    if (L != kLatentDim || R != kRopeDim) {
+      return invalid_argument(fmt::format("layer {}: a latent transform needs latent {} + rope {}, the cache has {} + {}",
+                                          layer, kLatentDim, kRopeDim, L, R));
+    }
+    // |k'_j| <= 8 max |k| for the 64-point rotation; the latent's bound is the kernel's.
+    for (int64_t i = 0; i < n; ++i) {
+      if (slots[static_cast<std::size_t>(i)] < 0) continue;
+      const float m = transform->max_scaled_input(latent + i * L);
+      if (!(m <= LatentTransformKernel::kMaxScaledInput))
+        return invalid_argument(fmt::format("layer {}: token {}: max |(latent - mu) d| = {} overflows the latent "
+                                            "transform (at most {})",
+                                            layer, i, m, LatentTransformKernel::kMaxScaledInput));
+      for (int j = 0; j < R; ++j) {
+        if (std::abs(rope[i * R + j]) > 1e37f)
+          return invalid_argument(fmt::format("layer {}: rope[{}, {}] = {} overflows the RoPE rotation", layer, i, j,
+                                              rope[i * R + j]));
+      }
+    }
+  }
   const bool exact = cache.config().fp8_scales == Fp8ScaleMode::kExact;
   auto one = [&](int64_t i) {
     const int64_t s = slots[static_cast<std::size_t>(i)];
     if (s < 0) return;
-    HWY_DYNAMIC_DISPATCH(EncodeRecord)(v.format, latent + i * L, L, rope + i * R, R, v.outer_scale, exact,
-                                       v.data + s * v.record_bytes);
+    if (transform == nullptr) {
+      HWY_DYNAMIC_DISPATCH(EncodeRecord)(v.format, latent + i * L, L, rope + i * R, R, v.outer_scale, exact,
+                                         v.data + s * v.record_bytes);
+      return;
+    }
+    alignas(64) float lat[kLatentDim];
+    alignas(64) float rp[kRopeDim];
+    transform->latent(latent + i * L, lat);
+    transform->rope(rope + i * R, rp);
+    HWY_DYNAMIC_DISPATCH(EncodeRecord)(v.format, lat, L, rp, R, v.outer_scale, exact, v.data + s * v.record_bytes);
   };
   if (pool == nullptr || n < 64) {
     for (int64_t i = 0; i < n; ++i) one(i);
