@@ -80,7 +80,7 @@ StatusOr<LatentTransform> parse(std::string_view text, std::string_view source) 
   static const char* kTop[] = {"format", "num_layers", "latent_dim", "rope_dim", "denominator", "importance", "layers"};
   for (auto it = j.begin(); it != j.end(); ++it) {
     if (std::find_if(std::begin(kTop), std::end(kTop), [&](const char* k) { return it.key() == k; }) == std::end(kTop))
-      return invalid_argument(fmt::format("{}: unknown key '{}' (a {} file has {})", source,
+      return invalid_argument(fmt::format("{}: unknown key {} (a {} file has {})", source,
                                           json_util::shown(json(it.key())), kLatentTransformFileFormat,
                                           "format, num_layers, latent_dim, rope_dim, denominator, importance, layers"));
   }
@@ -121,7 +121,7 @@ StatusOr<LatentTransform> parse(std::string_view text, std::string_view source) 
     for (auto it = o.begin(); it != o.end(); ++it) {
       if (std::find_if(std::begin(kLayer), std::end(kLayer), [&](const char* k) { return it.key() == k; }) ==
           std::end(kLayer))
-        return invalid_argument(fmt::format("{}: {}: unknown key '{}'", source, where, json_util::shown(json(it.key()))));
+        return invalid_argument(fmt::format("{}: {}: unknown key {}", source, where, json_util::shown(json(it.key()))));
     }
     for (const char* k : kLayer) {
       if (std::string_view(k) != "max_abs" && !o.contains(k))
