@@ -94,12 +94,24 @@ class LatentTransformKernel {
   static constexpr float kMaxScaledInput = 3.0e35f;
   // max |(c_i - mu_i) d_i| over one token (what the writer checks against the bound).
   float max_scaled_input(const float* c) const;
+  // A bound on it for every token whose max |c_i| is at most `max_abs_c`:
+  // (max_abs_c + max |mu|) max d.
+  float scaled_input_bound(float max_abs_c) const { return (max_abs_c + max_abs_mu_) * max_d_; }
+
+  // The precomputed factors, for vectorized writers that reproduce latent() / rope()
+  // bit for bit (the same operations in the same order): out = (c - mu) * gain, then the
+  // butterflies of fwht (stage h = 1, 2, 4, ...) when rotates_latent().
+  bool rotates_latent() const { return layer_.rotate; }
+  const float* mu_data() const { return layer_.mu.data(); }
+  const float* gain_data() const { return gain_.data(); }
+  const float* rope_gain_data() const { return rope_gain_.data(); }  // [64] when rotates_rope()
 
  private:
   LatentTransformLayer layer_;
   std::vector<float> gain_;       // [512] d_i * s_i / sqrt(512) (rotate) or d_i
   std::vector<double> fold_gain_;  // [512] s_i / (d_i sqrt(512)) (rotate) or 1 / d_i
   std::vector<float> rope_gain_;  // [64] s_r / 8
+  float max_abs_mu_ = 0, max_d_ = 0;
 };
 
 // One kernel per layer of `t` (validated).

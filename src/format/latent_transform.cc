@@ -104,6 +104,10 @@ StatusOr<LatentTransformKernel> LatentTransformKernel::create(const LatentTransf
     k.gain_[static_cast<std::size_t>(i)] = static_cast<float>(d * s[static_cast<std::size_t>(i)] * norm);
     k.fold_gain_[static_cast<std::size_t>(i)] = s[static_cast<std::size_t>(i)] * norm / d;
   }
+  for (int i = 0; i < kLatentDim; ++i) {
+    k.max_abs_mu_ = std::max(k.max_abs_mu_, std::abs(layer.mu[static_cast<std::size_t>(i)]));
+    k.max_d_ = std::max(k.max_d_, layer.d[static_cast<std::size_t>(i)]);
+  }
   if (layer.rope_rotate) {
     k.rope_gain_ = latent_transform_signs(layer.rope_sign_seed, kRopeDim);
     for (float& g : k.rope_gain_) g *= 0.125f;  // 1 / sqrt(64), exact
