@@ -225,11 +225,14 @@ Status run_eval(const EvalArgs& a) {
              rep.reference_needle_total ? fmt::format(", needle {}/{}", rep.reference_needle_found,
                                                       rep.reference_needle_total)
                                         : "");
-  fmt::print("{:<22} {:>7} {:>6} {:>8} {:>10} {:>10} {:>7} {:>8} {:>8} {:>9}\n", "format", "B/token", "recipe",
-             "scales", "KLD mean", "KLD p99", "top-1", "ppl", "needle", "tokens/s");
+  std::size_t sw = 8;  // the scales column fits the longest file name
+  for (const EvalRow& r : rep.rows) sw = std::max(sw, r.spec.scales_label.size());
+  fmt::print("{:<22} {:>7} {:>6} {:>{}} {:>10} {:>10} {:>7} {:>8} {:>8} {:>9}\n", "format", "B/token", "recipe",
+             "scales", sw, "KLD mean", "KLD p99", "top-1", "ppl", "needle", "tokens/s");
   for (const EvalRow& r : rep.rows) {
-    fmt::print("{:<22} {:>7} {:>6} {:>8} {:>10} {:>10} {:>6.2f}% {:>8.4f} {:>8} {:>9.0f}\n", format_name(r.spec.format),
-               record_bytes(r.spec.format), r.spec.recipe, r.spec.scales_label, fmt_kld(r.kld.kld_mean()),
+    fmt::print("{:<22} {:>7} {:>6} {:>{}} {:>10} {:>10} {:>6.2f}% {:>8.4f} {:>8} {:>9.0f}\n",
+               format_name(r.spec.format), record_bytes(r.spec.format), r.spec.recipe, r.spec.scales_label, sw,
+               fmt_kld(r.kld.kld_mean()),
                fmt_kld(r.kld.kld_p99()),
                100 * r.kld.top1_agree(), r.kld.ppl_q(),
                r.needle_total ? fmt::format("{}/{}", r.needle_found, r.needle_total) : "-",
