@@ -168,7 +168,7 @@ TEST_F(EvalCli, MlakvRecipeCalibrateAndEval) {
   const std::string tk = tokens(4 * 32);
   const std::string out = path("t.json");
   auto r = run("calibrate --model " + kTiny + " --tokens " + tk + " --context 32 --windows 2 --recipe mlakv " +
-               "--importance uniform --rope-rotate --json --out " + out);
+               "--importance uniform --json --out " + out);
   ASSERT_EQ(r.rc, 0) << r.err;
   const auto cj = nlohmann::json::parse(r.out);
   EXPECT_EQ(cj["format"], "mlakv_latent_transform_v1");

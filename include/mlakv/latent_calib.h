@@ -83,9 +83,13 @@ std::optional<LatentImportance> parse_latent_importance(std::string_view name);
 
 struct LatentTransformRecipe {
   bool center = true;   // mu = the mean latent (else 0)
-  LatentImportance importance = LatentImportance::kQuery;
-  bool rotate = true;   // the signed 512-point Hadamard
-  bool rope_rotate = false;
+  // The defaults are the best measured on the shipped model (docs/quality.md).
+  LatentImportance importance = LatentImportance::kUniform;
+  bool rotate = true;       // the signed 512-point Hadamard
+  bool rope_rotate = true;  // the signed 64-point Hadamard on k_pe (q_pe rotated in the layer)
+  // d_i = sqrt(w_i) / sd_i^sd_power: 0.5 is the optimum of the error model above; 0 keeps
+  // only the importance, 1 whitens fully (for studies; in [0, 1]).
+  double sd_power = 0.5;
   uint64_t seed = 0x6D6C616B76;  // layer l's signs: seed + 2 l (latent), seed + 2 l + 1 (rope)
 };
 

@@ -316,6 +316,8 @@ StatusOr<LatentTransform> LatentTransformCalibrator::finish(const LatentTransfor
     return invalid_argument(fmt::format("latent transform calibration: importance '{}' needs the output energy of {} "
                                         "layers, got {}",
                                         latent_importance_name(r.importance), layers_.size(), energy.size()));
+  if (!(r.sd_power >= 0.0 && r.sd_power <= 1.0))
+    return invalid_argument(fmt::format("latent transform calibration: sd_power must be in [0, 1], got {}", r.sd_power));
   if (r.seed > kMaxSeed - 2 * static_cast<uint64_t>(layers_.size()))
     return invalid_argument(fmt::format("latent transform calibration: seed {} must leave room below 2^53", r.seed));
   LatentTransform t;
@@ -365,7 +367,7 @@ StatusOr<LatentTransform> LatentTransformCalibrator::finish(const LatentTransfor
         // Floors keep d finite for dead dims: 1e-6 of the mean importance, 1e-6 of the widest dim.
         const double wi = std::sqrt(std::max(w2, 1e-6));
         const double si = std::max(sd[static_cast<std::size_t>(i)], 1e-6 * sd_max);
-        d[static_cast<std::size_t>(i)] = std::sqrt(wi / si);
+        d[static_cast<std::size_t>(i)] = std::sqrt(wi) / std::pow(si, r.sd_power);
         log_sum += std::log(d[static_cast<std::size_t>(i)]);
       }
       // Geometric mean 1 (the outer scale takes the overall size), then within [2^-20, 2^20].

@@ -21,8 +21,9 @@ namespace {
 struct CalibrateArgs {
   std::vector<std::string> activations;
   std::string out, model, text, tokens, plot;
-  std::string recipe = "fork", importance = "query";
-  bool no_center = false, no_rotate = false, rope_rotate = false;
+  std::string recipe = "fork", importance = std::string(latent_importance_name(LatentTransformRecipe{}.importance));
+  bool no_center = false, no_rotate = false, no_rope_rotate = false;
+  double sd_power = LatentTransformRecipe{}.sd_power;
   uint64_t seed = LatentTransformRecipe{}.seed;
   int64_t context = 2048, windows = 8;
   int num_layers = 0, threads = 0;
@@ -89,8 +90,9 @@ Status run_calibrate_mlakv(const CalibrateArgs& a) {
   r.importance = *imp;
   r.center = !a.no_center;
   r.rotate = !a.no_rotate;
-  r.rope_rotate = a.rope_rotate;
+  r.rope_rotate = !a.no_rope_rotate;
   r.seed = a.seed;
+  r.sd_power = a.sd_power;
   MLAKV_ASSIGN_OR_RETURN(TextInput in, load_text_input(a));
   Progress pr(fmt::format("calibrating (mlakv recipe): 2 passes over {} windows x {} tokens", a.windows, a.context),
               2 * a.windows, !a.json);
@@ -219,7 +221,11 @@ void add_calibrate_command(Cli& cli) {
       ->capture_default_str();
   cmd->add_flag("--no-center", a->no_center, "mlakv recipe: do not subtract the mean latent");
   cmd->add_flag("--no-rotate", a->no_rotate, "mlakv recipe: no Hadamard rotation of the latent");
-  cmd->add_flag("--rope-rotate", a->rope_rotate, "mlakv recipe: also rotate k_pe (and q_pe) by a signed 64-point Hadamard");
+  cmd->add_flag("--no-rope-rotate", a->no_rope_rotate,
+                "mlakv recipe: leave k_pe (and q_pe) unrotated (default: a signed 64-point Hadamard)");
+  cmd->add_option("--sd-power", a->sd_power,
+                  "mlakv recipe: d_i = sqrt(w_i) / sd_i^P (0.5: the error model's optimum; for studies)")
+      ->capture_default_str();
   cmd->add_option("--seed", a->seed, "mlakv recipe: the sign seed (layer l uses seed + 2l, its RoPE seed + 2l + 1)")
       ->capture_default_str();
   cmd->add_option("--num-layers", a->num_layers, "Layers the file covers (0 = one past the highest captured)")
