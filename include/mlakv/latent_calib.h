@@ -41,7 +41,7 @@ namespace mlakv {
 
 // ---- the file ------------------------------------------------------------------------
 
-// The JSON text (2-space indented; every float32 round-trips exactly). `max_abs` (optional,
+// The JSON text (1-space indented; every float32 round-trips exactly). `max_abs` (optional,
 // [num_layers] or empty) is written as each layer's audit field. Fails on an invalid
 // transform (validate_latent_transform).
 StatusOr<std::string> latent_transform_to_json(const LatentTransform& t, std::span<const double> max_abs = {});
