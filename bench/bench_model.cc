@@ -25,6 +25,7 @@
 #include "cpu_bench_util.h"
 
 #include "mlakv/cache.h"
+#include "mlakv/latent_transform.h"
 #include "mlakv/model.h"
 #include "mlakv/roofline.h"
 #include "mlakv/numerics.h"
@@ -151,6 +152,53 @@ void BM_CacheWrite(benchmark::State& state) {
 BENCHMARK(BM_CacheWrite)
     ->ArgsProduct({{0, 1, 2, 3, 5}, {0, 1}, {0}})
     ->ArgsProduct({{2, 3, 5}, {0, 1}, {1}})
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(0.3)
+    ->UseRealTime();
+
+// The SIMD writer with the mlakv recipe's latent transform fused in (centre, per-dim scale,
+// 512-point signed Hadamard per token; Args: format, rope rotation 0/1) against
+// BM_CacheWrite/<format>/1, the same writer without it (target: within 10%).
+void BM_CacheWriteTransform(benchmark::State& state) {
+  const auto f = static_cast<KvFormat>(state.range(0));
+  const int64_t n = 4096;
+  std::mt19937 rng(9);
+  std::normal_distribution<float> nd(0.0f, 0.5f);
+  std::vector<float> lat(static_cast<std::size_t>(n * kLatentDim)), rope(static_cast<std::size_t>(n * kRopeDim));
+  for (float& x : lat) x = nd(rng);
+  for (float& x : rope) x = nd(rng);
+  std::vector<int64_t> slots(static_cast<std::size_t>(n));
+  for (int64_t i = 0; i < n; ++i) slots[static_cast<std::size_t>(i)] = i;
+  LatentTransformLayer tl = LatentTransformLayer::identity();
+  for (float& m : tl.mu) m = 0.1f * nd(rng);
+  for (float& d : tl.d) d = std::exp(0.5f * nd(rng));
+  tl.rotate = true;
+  tl.sign_seed = 1;
+  tl.rope_rotate = state.range(1) != 0;
+  tl.rope_sign_seed = 2;
+  auto k = LatentTransformKernel::create(tl);
+  if (!k.ok()) {
+    state.SkipWithError(k.status().to_string().c_str());
+    return;
+  }
+  KvCache::Config c;
+  c.num_blocks = n / kDefaultBlockSize;
+  c.layers = {LayerFormat{f, 1.0f}};
+  auto cache = std::move(PagedKvCache::create_cpu(c).value());
+  const TensorView lv = TensorView::contiguous(lat.data(), DType::kF32, {n, kLatentDim});
+  const TensorView rv = TensorView::contiguous(rope.data(), DType::kF32, {n, kRopeDim});
+  for (auto _ : state) {
+    const Status st = write_records_simd(*cache, 0, slots, lv, rv, &pool(), &*k);
+    if (!st.ok()) state.SkipWithError(st.to_string().c_str());
+  }
+  state.SetLabel(fmt::format("{} simd+transform{} threads={}", format_name(f), tl.rope_rotate ? "+rope" : "",
+                             threads()));
+  state.counters["in_GB/s"] = benchmark::Counter(static_cast<double>(n) * (kLatentDim + kRopeDim) * 4e-9,
+                                                 benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(n), benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_CacheWriteTransform)
+    ->ArgsProduct({{0, 1, 2, 3}, {0, 1}})
     ->Unit(benchmark::kMillisecond)
     ->MinTime(0.3)
     ->UseRealTime();

@@ -10,7 +10,9 @@
 #include <vector>
 
 #include "mlakv/cache.h"
+#include "mlakv/latent_calib.h"
 #include "mlakv/numerics.h"
+#include "mlakv/rng.h"
 #include "mlakv/safetensors.h"
 #include "support/cli_run.h"
 
@@ -718,6 +720,58 @@ TEST_F(CliUser, F32CacheIsExactAndGivesTransformersParity) {
   const double e32 = max_err("f32"), e16 = max_err("bf16");
   EXPECT_LE(e32, e_ref) << "f32 cache vs transformers float64";
   EXPECT_GT(e16, 100 * e32);
+}
+
+// layer-forward --scales with a mlakv_latent_transform_v1 file: the layer's latent is written
+// transformed and its weights folded, so over the lossless f32 cache it still matches
+// transformers' float64 output to float32 rounding (within twice transformers' own float32
+// error: the transform adds one more set of roundings of the same size); the JSON says
+// recipe mlakv, and a file that does not cover --layer is refused.
+TEST_F(CliUser, LayerForwardAppliesALatentTransformFile) {
+  const std::string src = std::string(MLAKV_TEST_DATA_DIR) + "/hf_parity/deepseek_v3";
+  const Json manifest = Json::parse(slurp(std::string(MLAKV_TEST_DATA_DIR) + "/hf_parity/manifest.json"));
+  double e_ref = -1;
+  for (const Json& m : manifest["results"]) {
+    if (m["name"] == "deepseek_v3") e_ref = m["e_ref"].get<double>();
+  }
+  ASSERT_GT(e_ref, 0);
+  LatentTransform t;
+  LatentTransformLayer l = LatentTransformLayer::identity();
+  SplitMix64 rng(4);
+  for (float& m : l.mu) m = 0.05f * rng.normal();
+  for (float& d : l.d) d = std::exp(0.3f * rng.normal());
+  l.rotate = true;
+  l.sign_seed = 17;
+  l.rope_rotate = true;
+  l.rope_sign_seed = 18;
+  t.layers = {l};
+  ASSERT_TRUE(write_latent_transform(path("t.json"), t).ok());
+  CliRun r = run("layer-forward --model " + src + " --layer 0 --threads 1 --input " + src +
+                 "/io.safetensors --output " + path("y.safetensors") + " --format f32 --scales " + path("t.json") +
+                 " --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(Json::parse(r.out)["recipe"], "mlakv");
+  auto io = SafetensorsFile::open(src + "/io.safetensors");
+  auto y = SafetensorsFile::open(path("y.safetensors"));
+  ASSERT_TRUE(io.ok() && y.ok());
+  const TensorView ref = *(*io)->find("output_f64");
+  const TensorView out = *(*y)->find("output");
+  double e = 0;
+  for (int64_t i = 0; i < ref.numel(); ++i)
+    e = std::max(e, std::fabs(static_cast<double>(out.ptr<const float>()[i]) - ref.ptr<const double>()[i]));
+  EXPECT_LE(e, 2 * e_ref) << "transformed f32 cache vs transformers float64";
+  EXPECT_GT(e, 0.0);
+  // nvfp4 with the transform runs and stays in nvfp4's error range of the output.
+  r = run("layer-forward --model " + src + " --layer 0 --threads 1 --input " + src + "/io.safetensors --output " +
+          path("q.safetensors") + " --format nvfp4_ds_mla --scales " + path("t.json"));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("mlakv latent transform"), std::string::npos) << r.out;
+  // A model with an MTP layer (cache layer 1) and the one-layer transform.
+  const std::string m = fixture_copy(dir_ / "mtp_t", 1.0f, true);
+  r = run("layer-forward --model " + m + " --layer 1 --threads 1 --input " + m + "/io.safetensors --output " +
+          path("z.safetensors") + " --format f32 --scales " + path("t.json"));
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("covers layers [0, 1), not --layer 1"), std::string::npos) << r.err;
 }
 
 TEST(F32Format, CudaViewsAreRefusedClearly) {

@@ -192,5 +192,96 @@ TEST_F(EvalCli, ReparamPreservesTheFunction) {
   EXPECT_NE(r.err.find("exists"), std::string::npos) << r.err;
 }
 
+// The mlakv recipe from the command line: calibrate --recipe mlakv writes a
+// mlakv_latent_transform_v1 file, eval --scales FILE detects its kind, and --recipe both
+// with --scales auto reports rows per recipe x format with the recipe in the JSON.
+TEST_F(EvalCli, MlakvRecipeCalibrateAndEval) {
+  const std::string tk = tokens(4 * 32);
+  const std::string out = path("t.json");
+  auto r = run("calibrate --model " + kTiny + " --tokens " + tk + " --context 32 --windows 2 --recipe mlakv " +
+               "--importance uniform --json --out " + out);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const auto cj = nlohmann::json::parse(r.out);
+  EXPECT_EQ(cj["format"], "mlakv_latent_transform_v1");
+  EXPECT_EQ(cj["importance"], "uniform");
+  const auto file = nlohmann::json::parse(slurp(out));
+  EXPECT_EQ(file["format"], "mlakv_latent_transform_v1");
+  ASSERT_EQ(file["layers"].size(), 2u);
+  EXPECT_EQ(file["layers"][0]["rope_rotate"], true);
+  EXPECT_DOUBLE_EQ(file["layers"][1]["outer_scale"].get<double>(),
+                   static_cast<double>(static_cast<float>(file["layers"][1]["max_abs"].get<double>() / 2688.0)));
+  // eval with the file: its kind is detected; the rows say mlakv.
+  r = run("eval --model " + kTiny + " --tokens " + tk + " --context 32 --windows 2 --formats nvfp4_ds_mla --scales " +
+          out + " --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["formats"].size(), 2u);
+  EXPECT_EQ(j["formats"][0]["recipe"], "none");
+  EXPECT_EQ(j["formats"][1]["recipe"], "mlakv");
+  EXPECT_EQ(j["formats"][1]["scales"], "t.json");
+  // Both recipes calibrated on the text after the eval windows, the 5 default formats:
+  // 5 none + 3 fork (the nvfp4 family) + 5 mlakv rows.
+  r = run("eval --model " + kTiny + " --tokens " + tk +
+          " --context 32 --windows 2 --scales auto --calib-windows 2 --recipe both --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["formats"].size(), 13u);
+  int fork = 0, mlakv = 0;
+  for (const auto& row : j["formats"]) {
+    fork += row["recipe"] == "fork";
+    mlakv += row["recipe"] == "mlakv";
+    EXPECT_GT(row["kld_mean"].get<double>(), 0.0);
+  }
+  EXPECT_EQ(fork, 3);
+  EXPECT_EQ(mlakv, 5);
+  // The table has the recipe column.
+  r = run("eval --model " + kTiny + " --tokens " + tk + " --context 32 --windows 2 --formats nvfp4_ds_mla --scales " +
+          out);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("recipe"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("mlakv"), std::string::npos) << r.out;
+}
+
+TEST_F(EvalCli, MlakvRecipeBadInputs) {
+  const std::string tk = tokens(4 * 32);
+  const std::string out = path("t.json");
+  ASSERT_EQ(run("calibrate --model " + kTiny + " --tokens " + tk + " --context 32 --windows 2 --recipe mlakv --out " +
+                out)
+                .rc,
+            0);
+  // A file of the other recipe than --recipe asks for.
+  auto r = run("eval --model " + kTiny + " --tokens " + tk + " --context 32 --windows 2 --recipe fork --scales " + out);
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("mlakv-recipe file"), std::string::npos) << r.err;
+  r = run("eval --model " + kTiny + " --tokens " + tk + " --context 32 --windows 2 --recipe best --scales auto");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("--recipe must be fork, mlakv or both"), std::string::npos) << r.err;
+  r = run("calibrate --model " + kTiny + " --tokens " + tk + " --context 32 --windows 2 --recipe mlakv --importance "
+          "gradient --out " + path("u.json"));
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("--importance"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(path("u.json")));
+  r = run("calibrate --activations x.safetensors --recipe mlakv --out " + path("u.json"));
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_FALSE(fs::exists(path("u.json")));
+  // A damaged transform file: the error names the file and field.
+  auto j = nlohmann::json::parse(slurp(out));
+  j["layers"][1]["d"][3] = -1.0;
+  const std::string bad = j.dump();
+  spit(path("bad.json"), bad.data(), bad.size());
+  r = run("eval --model " + kTiny + " --tokens " + tk + " --context 32 --windows 2 --scales " + path("bad.json"));
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("layers[1].d[3]"), std::string::npos) << r.err;
+  // A transform of another depth than the model.
+  j = nlohmann::json::parse(slurp(out));
+  j["layers"].push_back(j["layers"][0]);
+  j["num_layers"] = 3;
+  const std::string deep = j.dump();
+  spit(path("deep.json"), deep.data(), deep.size());
+  r = run("eval --model " + kTiny + " --tokens " + tk + " --context 32 --windows 2 --scales " + path("deep.json"));
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("3 layers given for a model of 2"), std::string::npos) << r.err;
+}
+
 }  // namespace
 }  // namespace mlakv

@@ -42,6 +42,7 @@ const std::map<std::string, std::string> kPublicRoom = {
     {"mla_layer", "model"},      {"plan", "model"},           {"cuda_layer", "model"},
     {"model", "model"},          {"outer_scales", "calib"},   {"eval_stats", "eval"},
     {"synthetic", "eval"},       {"eval", "eval"},            {"reparam", "model"},
+    {"latent_transform", "format"}, {"latent_calib", "calib"},
 };
 
 const std::vector<std::string> kFrontends = {"src/cli", "bench", "python"};

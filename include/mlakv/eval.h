@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -19,6 +20,7 @@
 
 #include "mlakv/eval_stats.h"
 #include "mlakv/formats.h"
+#include "mlakv/latent_calib.h"
 #include "mlakv/model.h"
 #include "mlakv/outer_scales.h"
 #include "mlakv/status.h"
@@ -43,6 +45,12 @@ struct EvalCacheSpec {
   // How the scales were obtained, for the report: "none", "auto", the file name, or
   // "token" for the per-token scale mode.
   std::string scales_label = "none";
+  // The mlakv recipe: a latent transform folded for the model under evaluation
+  // (Model::fold_latent_transform); its s_l replace `scales` where the format has an outer
+  // scale. nullptr: no transform.
+  std::shared_ptr<const FoldedLatentTransform> transform;
+  // The recipe for the report: "none" (uncalibrated), "fork" (outer scales), "mlakv".
+  std::string recipe = "none";
   // The nvfp4 per-token scale mode (LayerFormat::token_scale) on every layer; needs empty
   // `scales` (the mode replaces the outer scale).
   bool token_scale = false;
@@ -88,6 +96,20 @@ StatusOr<EvalReport> evaluate(Model& model, std::span<const int32_t> tokens, std
 // cache and takes max |kv_c_normed| per layer, as the fork does: s_l = max_abs / 2688.
 StatusOr<OuterScales> calibrate_outer_scales(Model& model, std::span<const int32_t> tokens, int64_t context,
                                              int64_t windows, int64_t skip = 0, const ProgressFn& progress = {});
+
+// The mlakv recipe from text (docs/calibration.md "The mlakv recipe"): pass 1 runs the model
+// over the windows with the f32 reference cache and accumulates per layer the latent's mean
+// and second moments and (for the query importances) the absorbed queries' second moments
+// (LatentTransformCalibrator); pass 2 runs them again and takes max |c'| of the transformed
+// latents, s_l = max / 2688. `max_abs` is that max per layer (the file's audit field).
+struct LatentTransformCalibration {
+  LatentTransform transform;
+  std::vector<double> max_abs;
+};
+StatusOr<LatentTransformCalibration> calibrate_latent_transform(Model& model, std::span<const int32_t> tokens,
+                                                               int64_t context, int64_t windows, int64_t skip,
+                                                               const LatentTransformRecipe& recipe,
+                                                               const ProgressFn& progress = {});
 
 // ---- needle retrieval (docs/needle.md) -----------------------------------------------
 

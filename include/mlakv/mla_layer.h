@@ -32,6 +32,7 @@
 
 #include "mlakv/cache.h"
 #include "mlakv/kv_b_proj.h"
+#include "mlakv/latent_transform.h"
 #include "mlakv/mla_geometry.h"
 #include "mlakv/model_config.h"
 #include "mlakv/status.h"
@@ -125,8 +126,19 @@ struct MlaLayerTrace {
 struct MlaForwardOptions {
   ThreadPool* pool = nullptr;
   int num_splits = 1;              // split-KV partitions of the attention (>= 1)
-  MlaLayerTrace* trace = nullptr;  // filled when not null
+  MlaLayerTrace* trace = nullptr;  // filled when not null (kv_c_normed and k_pe untransformed)
+  // The mlakv recipe (include/mlakv/latent_transform.h): the latent and k_pe are written
+  // transformed and q_pe is rotated like k_pe; `w` must have been folded with the same
+  // layer (fold_latent_transform), and the cache layer's outer scale should be its s_l.
+  const LatentTransformKernel* transform = nullptr;
 };
+
+// Folds one layer's latent transform into `w` (once, before the forward calls that use
+// it): every row r of W_UK (w_uk_t[h][p][:]) and of W_UV^T (w_uv[h][:][v]) becomes
+// H D^-1 r (computed in float64, rounded once), and o_bias gains o_proj (W_UV^T mu) per
+// head (created when empty). Fails on weights of another shape than L = 512 or an invalid
+// transform; `w` is unchanged on error.
+Status fold_latent_transform(MlaLayerWeights& w, const LatentTransformLayer& t);
 
 // The full layer for T new tokens of sequence `seq`: they must be the LAST T tokens of
 // `seq` in `cache` (the caller appends them with cache.append(seq, T) once per step and

@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "mlakv/cache.h"
+#include "mlakv/latent_transform.h"
 #include "mlakv/model_config.h"
 #include "mlakv/status.h"
 #include "mlakv/tensor.h"
@@ -142,6 +143,28 @@ struct ModelMemory {
 // Called once per decoder layer and forward call with that layer's kv_c_normed
 // [T, L] f32 before any cache rounds it (calibration takes max |.| from here).
 using LatentObserver = std::function<void(int layer, const TensorView& kv_c_normed)>;
+// Called once per decoder layer and forward call with that layer's absorbed query
+// [T, H, L+R] f32 (q_lat = q_nope W_UK, then the RoPE-rotated q_pe), as the untransformed
+// model computes it (calibration takes the per-dim second moments of q_lat from here).
+using QueryObserver = std::function<void(int layer, const TensorView& q)>;
+
+// A latent transform (include/mlakv/latent_transform.h) folded into one model's weights by
+// Model::fold_latent_transform: per layer a float32 copy of kv_b_proj with every row r
+// replaced by H D^-1 r (the W_UK rows that make q_lat and the W_UV^T rows that read the
+// attention output), and the W_UV bias (W_UV^T rows . mu, added before o_proj). Made once,
+// shared by any number of caches and forward calls of that model.
+class FoldedLatentTransform {
+ public:
+  struct Impl;
+  explicit FoldedLatentTransform(std::unique_ptr<Impl> impl);
+  ~FoldedLatentTransform();
+  const LatentTransform& transform() const;
+  std::size_t bytes() const;  // the folded weights held
+  const Impl& impl() const { return *impl_; }
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
 
 struct ForwardOptions {
   // Only the last token's logits (logits is then [1, vocab]): what decode needs.
@@ -152,6 +175,13 @@ struct ForwardOptions {
   // rounding.
   int num_splits = 1;
   LatentObserver observer;
+  QueryObserver query_observer;
+  // Paged caches only: the writer stores every layer's latent (and k_pe) transformed and
+  // the layer reads through the folded weights, so the model computes the same function.
+  // A cache must be forwarded with the same transform in every call (its records hold
+  // transformed latents), and its per-layer outer scales must be the transform's s_l
+  // where the format has an outer scale (checked). nullptr: no transform.
+  const FoldedLatentTransform* transform = nullptr;
 };
 
 class Model {
@@ -179,6 +209,17 @@ class Model {
   StatusOr<std::unique_ptr<PagedKvCache>> create_cache(const std::vector<LayerFormat>& layers, int64_t max_tokens,
                                                        int block_size = kDefaultBlockSize) const;
   StatusOr<std::unique_ptr<ReferenceKvCache>> create_reference_cache() const;
+
+  // Folds `t` (one layer per decoder layer, validated) into this model's absorbed weights
+  // (FoldedLatentTransform). Memory: a float32 kv_b_proj per layer.
+  StatusOr<std::shared_ptr<const FoldedLatentTransform>> fold_latent_transform(const LatentTransform& t) const;
+  // Cache layer formats for a transformed cache: `format` in every layer with the
+  // transform's outer scale s_l where the format has one (1.0 otherwise).
+  StatusOr<std::vector<LayerFormat>> transform_layer_formats(KvFormat format, const LatentTransform& t) const;
+  // The output importance of each latent dim of `layer`: e_i = sum_h ||W_o,h W_UV,h e_i||^2
+  // (W_o,h the o_proj columns of head h, [D, V]; W_UV,h [V, L]), the squared norm of what
+  // a unit error in dim i of the attention output moves the layer's output by. [L] float64.
+  StatusOr<std::vector<double>> latent_output_energy(int layer) const;
 
   // Runs `tokens` (T >= 1 ids in [0, vocab)) as the next tokens of `seq`: appends them
   // to the sequence (positions length .. length+T-1), writes every layer's records and
@@ -215,7 +256,11 @@ Status linear_cpu(const TensorView& x, const TensorView& w, const TensorView& y,
 // threaded over tokens. latent [n, latent_dim], rope [n, rope_dim] f32 contiguous CPU;
 // slots < 0 are skipped. Validation (shapes, a slot past the cache, a non-finite value)
 // happens before any byte is written.
+// With `transform`, each token's latent and k_pe go through it first (what the runner
+// writes under ForwardOptions::transform); a latent the float32 transform would overflow
+// on is an error before any byte is written.
 Status write_records_simd(PagedKvCache& cache, int layer, std::span<const int64_t> slots, const TensorView& latent,
-                          const TensorView& rope, ThreadPool* pool = nullptr);
+                          const TensorView& rope, ThreadPool* pool = nullptr,
+                          const LatentTransformKernel* transform = nullptr);
 
 }  // namespace mlakv

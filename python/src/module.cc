@@ -28,6 +28,8 @@
 #include "mlakv/formats.h"
 #include "mlakv/hf_config.h"
 #include "mlakv/model_config.h"
+#include "mlakv/latent_calib.h"
+#include "mlakv/latent_transform.h"
 #include "mlakv/outer_scales.h"
 #include "mlakv/plan.h"
 #include "mlakv/status.h"
@@ -484,6 +486,86 @@ class Calibrator {
   OuterScaleCalibrator c_;
 };
 
+// The mlakv recipe's latent transform (include/mlakv/latent_transform.h): a loaded
+// mlakv_latent_transform_v1 file, applied to a writer's latents and folded into weights.
+class PyLatentTransform {
+ public:
+  explicit PyLatentTransform(LatentTransform t) : t_(std::move(t)), k_(value(make_latent_transform_kernels(t_))) {}
+  int num_layers() const { return t_.num_layers(); }
+  std::vector<double> outer_scales() const {
+    std::vector<double> s;
+    for (const auto& l : t_.layers) s.push_back(l.outer_scale);
+    return s;
+  }
+  std::string importance() const { return t_.importance; }
+  std::string to_json() const { return value(latent_transform_to_json(t_)); }
+  void save(const std::string& path) const { check(write_latent_transform(path, t_)); }
+
+  // latent [T, 512], rope [T, 64] f32 CPU -> (c' [T, 512], k' [T, 64]) as the writer stores them.
+  std::tuple<nb::object, nb::object> apply(int layer, const AnyArray& latent, const AnyArray& rope) const {
+    const LatentTransformKernel& k = kernel(layer);
+    const TensorView lv = view_of(latent, "latent"), rv = view_of(rope, "rope");
+    check(check_tensor(lv, "latent", {{DType::kF32}, {-1, kLatentDim}, Strides::kContiguous}, Device::cpu()));
+    const int64_t T = lv.size(0);
+    check(check_tensor(rv, "rope", {{DType::kF32}, {T, kRopeDim}, Strides::kContiguous}, Device::cpu()));
+    auto lo = new_array<float>({static_cast<size_t>(T), static_cast<size_t>(kLatentDim)});
+    auto ro = new_array<float>({static_cast<size_t>(T), static_cast<size_t>(kRopeDim)});
+    for (int64_t t = 0; t < T; ++t) {
+      const float m = k.max_scaled_input(lv.ptr<const float>() + t * kLatentDim);
+      if (!(m <= LatentTransformKernel::kMaxScaledInput))
+        throw nb::value_error(("latent: token " + std::to_string(t) + " is not finite or overflows the transform").c_str());
+      k.latent(lv.ptr<const float>() + t * kLatentDim, lo.data() + t * kLatentDim);
+      k.rope(rv.ptr<const float>() + t * kRopeDim, ro.data() + t * kRopeDim);
+    }
+    return {nb::cast(lo), nb::cast(ro)};
+  }
+  // Rows r [N, 512] of a weight acting on c (W_UK rows, W_UV^T rows) -> H D^-1 r (float64),
+  // and r . mu [N] (what each row gains: the W_UV bias).
+  std::tuple<nb::object, nb::object> fold_rows(int layer, const AnyArray& rows) const {
+    const LatentTransformKernel& k = kernel(layer);
+    const TensorView w = view_of(rows, "rows");
+    check(check_tensor(w, "rows", {{DType::kF32}, {-1, kLatentDim}, Strides::kContiguous}, Device::cpu()));
+    const int64_t N = w.size(0);
+    auto out = new_array<double>({static_cast<size_t>(N), static_cast<size_t>(kLatentDim)});
+    auto bias = new_array<double>({static_cast<size_t>(N)});
+    for (int64_t r = 0; r < N; ++r) {
+      k.fold_row(w.ptr<const float>() + r * kLatentDim, out.data() + r * kLatentDim);
+      bias.data()[r] = k.dot_mu(w.ptr<const float>() + r * kLatentDim);
+    }
+    return {nb::cast(out), nb::cast(bias)};
+  }
+  // A k_pe / q_pe rotation of [T, 64] f32 (the identity when the layer does not rotate RoPE).
+  nb::object rotate_rope(int layer, const AnyArray& x) const {
+    const LatentTransformKernel& k = kernel(layer);
+    const TensorView v = view_of(x, "x");
+    check(check_tensor(v, "x", {{DType::kF32}, {-1, kRopeDim}, Strides::kContiguous}, Device::cpu()));
+    auto out = new_array<float>({static_cast<size_t>(v.size(0)), static_cast<size_t>(kRopeDim)});
+    for (int64_t t = 0; t < v.size(0); ++t) k.rope(v.ptr<const float>() + t * kRopeDim, out.data() + t * kRopeDim);
+    return nb::cast(out);
+  }
+  nb::dict layer(int l) const {
+    const LatentTransformLayer& L = kernel(l).layer();
+    nb::dict d;
+    d["mu"] = L.mu;
+    d["d"] = L.d;
+    d["rotate"] = L.rotate;
+    d["sign_seed"] = L.sign_seed;
+    d["rope_rotate"] = L.rope_rotate;
+    d["rope_sign_seed"] = L.rope_sign_seed;
+    d["outer_scale"] = L.outer_scale;
+    return d;
+  }
+
+ private:
+  const LatentTransformKernel& kernel(int layer) const {
+    if (layer < 0 || layer >= num_layers())
+      throw nb::index_error(("layer " + std::to_string(layer) + " is outside [0, " + std::to_string(num_layers()) + ")").c_str());
+    return k_[static_cast<size_t>(layer)];
+  }
+  LatentTransform t_;
+  std::vector<LatentTransformKernel> k_;
+};
+
 }  // namespace
 }  // namespace mlakv::python
 
@@ -619,6 +701,25 @@ NB_MODULE(_core, m) {
         "text"_a);
   m.def("outer_scales_from_max_abs", [](std::vector<double> m) { return value(outer_scales_from_max_abs(m)); },
         "max_abs"_a);
+
+  nb::class_<PyLatentTransform>(m, "LatentTransform")
+      .def_prop_ro("num_layers", &PyLatentTransform::num_layers)
+      .def_prop_ro("outer_scales", &PyLatentTransform::outer_scales)
+      .def_prop_ro("importance", &PyLatentTransform::importance)
+      .def("layer", &PyLatentTransform::layer, "layer"_a)
+      .def("apply", &PyLatentTransform::apply, "layer"_a, "latent"_a, "rope"_a,
+           "(c', k') as the writer stores them: c' = H D (c - mu), k' = H_r k_pe")
+      .def("fold_rows", &PyLatentTransform::fold_rows, "layer"_a, "rows"_a,
+           "(H D^-1 r, r . mu) for weight rows r acting on the latent (W_UK rows, W_UV^T rows)")
+      .def("rotate_rope", &PyLatentTransform::rotate_rope, "layer"_a, "x"_a)
+      .def("to_json", &PyLatentTransform::to_json)
+      .def("save", &PyLatentTransform::save, "path"_a);
+  m.def("load_latent_transform", [](const std::string& path) { return PyLatentTransform(value(load_latent_transform(path))); },
+        "path"_a);
+  m.def("parse_latent_transform",
+        [](const std::string& text) { return PyLatentTransform(value(parse_latent_transform(text, "<string>"))); },
+        "text"_a);
+  m.def("latent_transform_signs", &latent_transform_signs, "seed"_a, "n"_a);
 
   nb::class_<Calibrator>(m, "Calibrator")
       .def(nb::init<>())

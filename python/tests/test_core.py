@@ -268,6 +268,74 @@ def test_calibrator_and_scale_files(rng, tmp_path):
         mlakv.parse_outer_scales('{"format": "nvfp4_ds_mla_outer_scale_v1"}')
 
 
+# ---- the mlakv recipe's latent transform ----------------------------------------------
+
+def _splitmix64_signs(seed, n):
+    # Independent of the C++: SplitMix64(seed) spreads the seed (seed * gamma + 1), each draw
+    # is the finalizer of state + gamma; bit 63 set -> -1.
+    mask, gamma = (1 << 64) - 1, 0x9E3779B97F4A7C15
+    state = (seed * gamma + 1) & mask
+    out = []
+    for _ in range(n):
+        z = (state + gamma) & mask
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+        z ^= z >> 31
+        state = (state + gamma) & mask
+        out.append(-1.0 if z >> 63 else 1.0)
+    return np.array(out)
+
+
+def _hadamard(n):
+    h = np.array([[1.0]])
+    while h.shape[0] < n:
+        h = np.block([[h, h], [h, -h]])
+    return h
+
+
+def _transform_file(rng):
+    layer = {"mu": (0.3 * rng.standard_normal(512)).astype(np.float32).tolist(),
+             "d": np.exp(0.4 * rng.standard_normal(512)).astype(np.float32).tolist(),
+             "rotate": True, "sign_seed": 11, "rope_rotate": True, "rope_sign_seed": 12, "outer_scale": 0.002}
+    return {"format": "mlakv_latent_transform_v1", "num_layers": 1, "latent_dim": 512, "rope_dim": 64,
+            "denominator": 2688.0, "importance": "uniform", "layers": [layer]}
+
+
+def test_latent_transform_against_numpy(rng, tmp_path):
+    f = _transform_file(rng)
+    t = mlakv.parse_latent_transform(json.dumps(f))
+    assert t.num_layers == 1 and t.importance == "uniform"
+    assert t.outer_scales == [np.float32(0.002)]
+    L = f["layers"][0]
+    s = _splitmix64_signs(11, 512)
+    assert np.array_equal(np.array(mlakv.latent_transform_signs(11, 512)), s)
+    mu, d = np.array(L["mu"], np.float64), np.array(L["d"], np.float64)
+    H = _hadamard(512) * s[None, :] / np.sqrt(512.0)  # W S / sqrt(512)
+    Hr = _hadamard(64) * _splitmix64_signs(12, 64)[None, :] / 8.0
+    lat, rope = latents(rng, 9)
+    c2, k2 = t.apply(0, lat, rope)
+    want = (H @ (d[:, None] * (lat.astype(np.float64) - mu).T)).T
+    np.testing.assert_allclose(c2, want, rtol=0, atol=1e-5 * np.abs(want).max())
+    np.testing.assert_allclose(k2, (Hr @ rope.T.astype(np.float64)).T, rtol=0, atol=1e-5 * np.abs(rope).max() * 8)
+    np.testing.assert_allclose(t.rotate_rope(0, rope), k2)
+    # The folding identity: r . c = (H D^-1 r) . c' + r . mu.
+    rows = rng.standard_normal((5, 512)).astype(np.float32)
+    folded, bias = t.fold_rows(0, rows)
+    np.testing.assert_allclose(folded, (H @ (rows.astype(np.float64) / d).T).T, rtol=1e-12, atol=1e-12)
+    lhs = rows.astype(np.float64) @ lat.astype(np.float64).T
+    rhs = folded @ c2.astype(np.float64).T + bias[:, None]
+    np.testing.assert_allclose(rhs, lhs, rtol=0, atol=1e-4 * np.abs(lhs).max())
+    # Files round-trip; the strict parser names the field.
+    path = str(tmp_path / "t.json")
+    t.save(path)
+    assert mlakv.load_latent_transform(path).layer(0)["d"] == t.layer(0)["d"]
+    f["layers"][0]["d"][7] = 0.0
+    with pytest.raises(ValueError, match=r"layers\[0\]\.d\[7\]"):
+        mlakv.parse_latent_transform(json.dumps(f))
+    with pytest.raises(IndexError):
+        t.apply(1, lat, rope)
+
+
 # ---- every bad argument raises, naming it ------------------------------------------------
 
 def _cache_and_tables(rng):

@@ -2,6 +2,7 @@
 // kv_c_normed activations, or by running a model over calibration text (docs/calibration.md).
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include "cli/cli.h"
@@ -9,6 +10,7 @@
 #include "cli/progress.h"
 #include "mlakv/eval.h"
 #include "mlakv/file_io.h"
+#include "mlakv/latent_calib.h"
 #include "mlakv/model.h"
 #include "mlakv/outer_scales.h"
 #include "mlakv/safetensors.h"
@@ -19,14 +21,21 @@ namespace {
 struct CalibrateArgs {
   std::vector<std::string> activations;
   std::string out, model, text, tokens, plot;
+  std::string recipe = "fork", importance = std::string(latent_importance_name(LatentTransformRecipe{}.importance));
+  bool no_center = false, no_rotate = false, no_rope_rotate = false;
+  double sd_power = LatentTransformRecipe{}.sd_power;
+  uint64_t seed = LatentTransformRecipe{}.seed;
   int64_t context = 2048, windows = 8;
   int num_layers = 0, threads = 0;
   bool json = false;
 };
 
-// --model DIR (--text FILE | --tokens FILE): windows cut as `mlakv eval` cuts them, the
-// float32-cache model run over them, max |kv_c_normed| per layer.
-StatusOr<OuterScales> calibrate_from_text(const CalibrateArgs& a, std::vector<int64_t>& tokens_per_layer) {
+struct TextInput {
+  std::unique_ptr<Model> model;
+  std::vector<int32_t> ids;
+};
+
+StatusOr<TextInput> load_text_input(const CalibrateArgs& a) {
   if (!a.activations.empty()) return invalid_argument("give either --activations or --model, not both");
   if (a.text.empty() == a.tokens.empty()) return invalid_argument("--model needs exactly one of --text and --tokens");
   if (a.threads < 0) return invalid_argument(fmt::format("--threads must be >= 0 (0 = all cores), got {}", a.threads));
@@ -48,6 +57,15 @@ StatusOr<OuterScales> calibrate_from_text(const CalibrateArgs& a, std::vector<in
                                         model->num_layers()));
   }
   MLAKV_RETURN_IF_ERROR(eval_windows(ids, a.context, a.windows).status());
+  return TextInput{std::move(model), std::move(ids)};
+}
+
+// --model DIR (--text FILE | --tokens FILE): windows cut as `mlakv eval` cuts them, the
+// float32-cache model run over them, max |kv_c_normed| per layer.
+StatusOr<OuterScales> calibrate_from_text(const CalibrateArgs& a, std::vector<int64_t>& tokens_per_layer) {
+  MLAKV_ASSIGN_OR_RETURN(TextInput in, load_text_input(a));
+  Model* model = in.model.get();
+  const std::vector<int32_t>& ids = in.ids;
   Progress pr(fmt::format("calibrating: {} windows x {} tokens", a.windows, a.context), a.windows, !a.json);
   MLAKV_ASSIGN_OR_RETURN(OuterScales s, calibrate_outer_scales(*model, ids, a.context, a.windows, 0,
                                                                [&](std::string_view, int64_t d, int64_t) {
@@ -59,8 +77,59 @@ StatusOr<OuterScales> calibrate_from_text(const CalibrateArgs& a, std::vector<in
 
 StatusOr<OuterScales> calibrate_from_captures(const CalibrateArgs& a, std::vector<int64_t>& tokens);
 
+// --recipe mlakv: the latent transform (mean, per-dim scale, signed Hadamard, s_l on c').
+Status run_calibrate_mlakv(const CalibrateArgs& a) {
+  if (a.model.empty()) return invalid_argument("--recipe mlakv needs --model DIR and calibration text");
+  if (!a.activations.empty()) return invalid_argument("--recipe mlakv runs the model: give --model, not --activations");
+  LatentTransformRecipe r;
+  const auto imp = parse_latent_importance(a.importance);
+  if (!imp) {
+    return invalid_argument(fmt::format(
+        "--importance: unknown estimate '{}' (none, uniform, query, output, query+output)", a.importance));
+  }
+  r.importance = *imp;
+  r.center = !a.no_center;
+  r.rotate = !a.no_rotate;
+  r.rope_rotate = !a.no_rope_rotate;
+  r.seed = a.seed;
+  r.sd_power = a.sd_power;
+  MLAKV_ASSIGN_OR_RETURN(TextInput in, load_text_input(a));
+  Progress pr(fmt::format("calibrating (mlakv recipe): 2 passes over {} windows x {} tokens", a.windows, a.context),
+              2 * a.windows, !a.json);
+  MLAKV_ASSIGN_OR_RETURN(LatentTransformCalibration c,
+                         calibrate_latent_transform(*in.model, in.ids, a.context, a.windows, 0, r,
+                                                    [&](std::string_view, int64_t d, int64_t) { pr.update(d); }));
+  MLAKV_RETURN_IF_ERROR(write_latent_transform(a.out, c.transform, c.max_abs));
+  const int n = c.transform.num_layers();
+  if (a.json) {
+    nlohmann::json layers = nlohmann::json::array();
+    for (int l = 0; l < n; ++l) {
+      const LatentTransformLayer& L = c.transform.layers[static_cast<std::size_t>(l)];
+      const auto [dmin, dmax] = std::minmax_element(L.d.begin(), L.d.end());
+      layers.push_back({{"layer", l}, {"max_abs", c.max_abs[static_cast<std::size_t>(l)]},
+                        {"scale", L.outer_scale}, {"d_min", *dmin}, {"d_max", *dmax}});
+    }
+    print_json({{"out", a.out}, {"format", std::string(kLatentTransformFileFormat)}, {"num_layers", n},
+                {"importance", c.transform.importance}, {"layers", layers}});
+    return Status::Ok();
+  }
+  fmt::print("{:>6}{:>14}{:>14}{:>10}{:>10}\n", "layer", "max |c'|", "scale", "d min", "d max");
+  for (int l = 0; l < n; ++l) {
+    const LatentTransformLayer& L = c.transform.layers[static_cast<std::size_t>(l)];
+    const auto [dmin, dmax] = std::minmax_element(L.d.begin(), L.d.end());
+    fmt::print("{:>6}{:>14.6g}{:>14.6g}{:>10.3g}{:>10.3g}\n", l, c.max_abs[static_cast<std::size_t>(l)], L.outer_scale,
+               *dmin, *dmax);
+  }
+  fmt::print("wrote {} ({}, {} layers, importance {}, rotation {}, RoPE rotation {})\n", a.out,
+             kLatentTransformFileFormat, n, c.transform.importance, r.rotate ? "on" : "off",
+             r.rope_rotate ? "on" : "off");
+  return Status::Ok();
+}
+
 Status run_calibrate(const CalibrateArgs& a) {
   if (a.num_layers < 0) return invalid_argument(fmt::format("--num-layers must be >= 0, got {}", a.num_layers));
+  if (a.recipe == "mlakv") return run_calibrate_mlakv(a);
+  if (a.recipe != "fork") return invalid_argument(fmt::format("--recipe must be fork or mlakv, got '{}'", a.recipe));
   if (a.activations.empty() && a.model.empty()) {
     return invalid_argument("give captured activations (--activations FILE...) or a model and text (--model DIR --text FILE)");
   }
@@ -140,7 +209,25 @@ void add_calibrate_command(Cli& cli) {
       ->capture_default_str();
   cmd->add_option("--threads", a->threads, "CPU threads (with --model; 0 = all cores)")->capture_default_str();
   cmd->add_option("--plot", a->plot, "write an SVG of the per-layer profile");
-  cmd->add_option("--out", a->out, "Scale file to write (nvfp4_ds_mla_outer_scale_v1 JSON)")->required();
+  cmd->add_option("--out", a->out,
+                  "Scale file to write (fork: nvfp4_ds_mla_outer_scale_v1; mlakv: mlakv_latent_transform_v1)")
+      ->required();
+  cmd->add_option("--recipe", a->recipe,
+                  "fork: per-layer outer scales s_l = max|latent| / 2688; mlakv: the calibrated latent transform "
+                  "(mean, per-dim scale, signed Hadamard, s_l on the transformed latent; needs --model)")
+      ->capture_default_str();
+  cmd->add_option("--importance", a->importance,
+                  "mlakv recipe: the per-dim importance for d (none, uniform, query, output, query+output)")
+      ->capture_default_str();
+  cmd->add_flag("--no-center", a->no_center, "mlakv recipe: do not subtract the mean latent");
+  cmd->add_flag("--no-rotate", a->no_rotate, "mlakv recipe: no Hadamard rotation of the latent");
+  cmd->add_flag("--no-rope-rotate", a->no_rope_rotate,
+                "mlakv recipe: leave k_pe (and q_pe) unrotated (default: a signed 64-point Hadamard)");
+  cmd->add_option("--sd-power", a->sd_power,
+                  "mlakv recipe: d_i = sqrt(w_i) / sd_i^P (0.5: the error model's optimum; for studies)")
+      ->capture_default_str();
+  cmd->add_option("--seed", a->seed, "mlakv recipe: the sign seed (layer l uses seed + 2l, its RoPE seed + 2l + 1)")
+      ->capture_default_str();
   cmd->add_option("--num-layers", a->num_layers, "Layers the file covers (0 = one past the highest captured)")
       ->capture_default_str();
   cmd->add_flag("--json", a->json, "Print JSON");

@@ -12,6 +12,7 @@
 #include "cli/progress.h"
 #include "mlakv/file_io.h"
 #include "mlakv/eval.h"
+#include "mlakv/latent_calib.h"
 #include "mlakv/model.h"
 #include "mlakv/outer_scales.h"
 #include "mlakv/reparam.h"
@@ -24,7 +25,10 @@ namespace fs = std::filesystem;
 
 struct EvalArgs {
   std::string model, text, tokens, formats = "bf16,fp8_ds_mla,nvfp4_ds_mla,nvfp4_ds_mla_fp8rope,nvfp4_ds_mla_int8rope",
-              scales, plot;
+              plot;
+  std::vector<std::string> scales;
+  std::string recipe;  // fork | mlakv | both; empty: fork (the files' own kinds with --scales FILE)
+  std::string importance = std::string(latent_importance_name(LatentTransformRecipe{}.importance));
   int64_t context = 2048, windows = 32, calib_windows = 4;
   int needle = 0, threads = 0, block_size = kDefaultBlockSize;
   bool json = false;
@@ -80,35 +84,87 @@ Status run_eval(const EvalArgs& a) {
   // Check the windows first: too little input is an error before any work.
   MLAKV_RETURN_IF_ERROR(eval_windows(ids, a.context, a.windows).status());
 
-  // Scales: none, a file, or calibrated on the text after the eval windows.
-  OuterScales scales;
-  std::string scales_label;
-  if (a.scales == "auto") {
-    const int64_t skip = a.context * a.windows;
-    auto s = calibrate_outer_scales(*model, ids, a.context, a.calib_windows, skip,
-                                    [&, pr = std::make_shared<Progress>("calibrating on text after the eval windows",
-                                                                        a.calib_windows, progress)](
-                                        std::string_view, int64_t d, int64_t) { pr->update(d); });
-    if (!s.ok()) return s.status().with_context("--scales auto (calibration windows follow the eval windows)");
-    scales = std::move(s).value();
-    scales_label = "auto";
-  } else if (!a.scales.empty()) {
-    MLAKV_ASSIGN_OR_RETURN(scales, load_outer_scales(a.scales));
-    scales_label = fs::path(a.scales).filename().string();
-    if (scales.num_layers() < model->num_layers()) {
-      return invalid_argument(fmt::format("--scales {}: {} layers, the model has {}", a.scales, scales.num_layers(),
-                                          model->num_layers()));
+  // Recipes: fork (outer scales), mlakv (the latent transform), or both.
+  bool want_fork = a.recipe.empty() || a.recipe == "fork" || a.recipe == "both";
+  bool want_mlakv = a.recipe == "mlakv" || a.recipe == "both";
+  if (!a.recipe.empty() && !want_fork && !want_mlakv)
+    return invalid_argument(fmt::format("--recipe must be fork, mlakv or both, got '{}'", a.recipe));
+  const auto importance = parse_latent_importance(a.importance);
+  if (!importance)
+    return invalid_argument(fmt::format("--importance: unknown estimate '{}' (none, uniform, query, output, "
+                                        "query+output)",
+                                        a.importance));
+  if (a.scales.empty() && !a.recipe.empty())
+    return invalid_argument("--recipe needs --scales (auto, or a calibration file)");
+  // Calibrated sources: per --scales entry, auto (the --recipe ones, calibrated on the text
+  // after the eval windows) or a file of either kind (detected by its "format" key).
+  struct Source {
+    std::string label;
+    std::optional<OuterScales> fork;
+    std::shared_ptr<const FoldedLatentTransform> mlakv;
+  };
+  std::vector<Source> sources;
+  for (const std::string& src : a.scales) {
+    if (src == "auto") {
+      const int64_t skip = a.context * a.windows;
+      if (want_fork) {
+        auto s = calibrate_outer_scales(*model, ids, a.context, a.calib_windows, skip,
+                                        [&, pr = std::make_shared<Progress>(
+                                                "calibrating (fork recipe) on text after the eval windows",
+                                                a.calib_windows, progress)](std::string_view, int64_t d, int64_t) {
+                                          pr->update(d);
+                                        });
+        if (!s.ok()) return s.status().with_context("--scales auto (calibration windows follow the eval windows)");
+        sources.push_back({"auto", std::move(s).value(), nullptr});
+      }
+      if (want_mlakv) {
+        LatentTransformRecipe r;
+        r.importance = *importance;
+        auto c = calibrate_latent_transform(
+            *model, ids, a.context, a.calib_windows, skip, r,
+            [&, pr = std::make_shared<Progress>("calibrating (mlakv recipe) on text after the eval windows",
+                                                2 * a.calib_windows, progress)](std::string_view, int64_t d,
+                                                                                int64_t) { pr->update(d); });
+        if (!c.ok()) return c.status().with_context("--scales auto (calibration windows follow the eval windows)");
+        MLAKV_ASSIGN_OR_RETURN(auto folded, model->fold_latent_transform(c->transform));
+        sources.push_back({"auto", std::nullopt, std::move(folded)});
+      }
+      continue;
+    }
+    MLAKV_ASSIGN_OR_RETURN(ScaleFile f, load_scale_file(src));
+    const std::string label = fs::path(src).filename().string();
+    if (f.kind == ScaleFile::Kind::kOuterScales) {
+      if (!a.recipe.empty() && !want_fork)
+        return invalid_argument(fmt::format("--scales {}: a fork-recipe file ({}) with --recipe {}", src,
+                                            kOuterScaleFileFormat, a.recipe));
+      if (f.outer_scales.num_layers() < model->num_layers()) {
+        return invalid_argument(fmt::format("--scales {}: {} layers, the model has {}", src,
+                                            f.outer_scales.num_layers(), model->num_layers()));
+      }
+      sources.push_back({label, std::move(f.outer_scales), nullptr});
+    } else {
+      if (!a.recipe.empty() && !want_mlakv)
+        return invalid_argument(fmt::format("--scales {}: an mlakv-recipe file ({}) with --recipe {}", src,
+                                            kLatentTransformFileFormat, a.recipe));
+      auto folded = model->fold_latent_transform(f.transform);
+      if (!folded.ok()) return folded.status().with_context(fmt::format("--scales {}", src));
+      sources.push_back({label, std::nullopt, std::move(folded).value()});
     }
   }
   std::vector<EvalCacheSpec> specs;
-  for (const FormatRow& f : formats) {
-    if (f.token_scale) {  // the mode replaces s_l: one row, no --scales variant
-      specs.push_back({f.format, {}, "token", true});
+  for (const FormatRow& fr : formats) {
+    const KvFormat f = fr.format;
+    if (fr.token_scale) {  // the mode replaces s_l: one row, no --scales / recipe variant
+      EvalCacheSpec t{f, {}, "token"};
+      t.token_scale = true;
+      specs.push_back(std::move(t));
       continue;
     }
-    specs.push_back({f.format, {}, "none"});
-    if (!scales_label.empty() && format_info(f.format).has_outer_scale) {
-      specs.push_back({f.format, scales, scales_label});
+    specs.push_back({f, {}, "none", nullptr, "none"});
+    for (const Source& s : sources) {
+      if (s.fork && format_info(f).has_outer_scale) specs.push_back({f, *s.fork, s.label, nullptr, "fork"});
+      // The transform applies to every lossy format (its s_l only where the format has an outer scale).
+      if (s.mlakv && f != KvFormat::kF32) specs.push_back({f, {}, s.label, s.mlakv, "mlakv"});
     }
   }
   EvalReport rep;
@@ -166,6 +222,7 @@ Status run_eval(const EvalArgs& a) {
       for (double v : r.kld.kld_by_bucket()) b.push_back(std::isfinite(v) ? nlohmann::json(v) : nlohmann::json());
       rows.push_back({{"format", format_name(r.spec.format)},
                       {"record_bytes", record_bytes(r.spec.format)},
+                      {"recipe", r.spec.recipe},
                       {"scales", r.spec.scales_label},
                       {"token_scale", r.spec.token_scale},
                       {"kld_mean", r.kld.kld_mean()},
@@ -191,11 +248,15 @@ Status run_eval(const EvalArgs& a) {
              rep.reference_needle_total ? fmt::format(", needle {}/{}", rep.reference_needle_found,
                                                       rep.reference_needle_total)
                                         : "");
-  fmt::print("{:<22} {:>7} {:>8} {:>10} {:>10} {:>7} {:>8} {:>8} {:>9}\n", "format", "B/token", "scales", "KLD mean",
-             "KLD p99", "top-1", "ppl", "needle", "tokens/s");
+  std::size_t sw = 8;  // the scales column fits the longest file name
+  for (const EvalRow& r : rep.rows) sw = std::max(sw, r.spec.scales_label.size());
+  fmt::print("{:<22} {:>7} {:>6} {:>{}} {:>10} {:>10} {:>7} {:>8} {:>8} {:>9}\n", "format", "B/token", "recipe",
+             "scales", sw, "KLD mean", "KLD p99", "top-1", "ppl", "needle", "tokens/s");
   for (const EvalRow& r : rep.rows) {
-    fmt::print("{:<22} {:>7} {:>8} {:>10} {:>10} {:>6.2f}% {:>8.4f} {:>8} {:>9.0f}\n", format_name(r.spec.format),
-               record_bytes(r.spec.format), r.spec.scales_label, fmt_kld(r.kld.kld_mean()), fmt_kld(r.kld.kld_p99()),
+    fmt::print("{:<22} {:>7} {:>6} {:>{}} {:>10} {:>10} {:>6.2f}% {:>8.4f} {:>8} {:>9.0f}\n",
+               format_name(r.spec.format), record_bytes(r.spec.format), r.spec.recipe, r.spec.scales_label, sw,
+               fmt_kld(r.kld.kld_mean()),
+               fmt_kld(r.kld.kld_p99()),
                100 * r.kld.top1_agree(), r.kld.ppl_q(),
                r.needle_total ? fmt::format("{}/{}", r.needle_found, r.needle_total) : "-",
                r.seconds > 0 ? r.tokens / r.seconds : 0);
@@ -333,8 +394,16 @@ void add_eval_command(Cli& cli) {
                   "nvfp4_ds_mla_fp8rope+token-scale) is a row in the per-token scale mode (scales column 'token')")
       ->capture_default_str();
   cmd->add_option("--scales", a->scales,
-                  "outer scales for the nvfp4 formats: a nvfp4_ds_mla_outer_scale_v1 file, or 'auto' to calibrate on "
-                  "the input after the eval windows (both uncalibrated and calibrated rows are reported)");
+                  "calibration (repeatable): a file (nvfp4_ds_mla_outer_scale_v1: the fork's outer scales; "
+                  "mlakv_latent_transform_v1: the mlakv recipe; told apart by its \"format\" key), or 'auto' to "
+                  "calibrate the --recipe recipes on the input after the eval windows (uncalibrated rows are always "
+                  "reported too)");
+  cmd->add_option("--recipe", a->recipe,
+                  "with --scales auto: fork (outer scales, the default), mlakv (the latent transform) or both");
+  cmd->add_option("--importance", a->importance,
+                  "mlakv recipe under --scales auto: the per-dim importance (none, uniform, query, output, "
+                  "query+output)")
+      ->capture_default_str();
   cmd->add_option("--calib-windows", a->calib_windows, "windows calibrated on with --scales auto")->capture_default_str();
   cmd->add_option("--needle", a->needle, "needle trials (docs/needle.md), greedy-decoded through every cache")
       ->capture_default_str();

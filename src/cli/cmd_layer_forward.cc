@@ -10,6 +10,7 @@
 #include "cli/cli.h"
 #include "mlakv/file_io.h"
 #include "mlakv/hf_config.h"
+#include "mlakv/latent_calib.h"
 #include "mlakv/mla_layer.h"
 #include "mlakv/outer_scales.h"
 #include "mlakv/safetensors.h"
@@ -92,10 +93,23 @@ Status run_layer_forward(const LayerForwardArgs& a) {
     return out_of_range(fmt::format("--layer {} is outside [0, {}) for {}", a.layer, cfg.cache_layers(), cfg.name));
   }
   std::optional<OuterScales> scales;
+  std::optional<LatentTransformKernel> transform;
   if (!a.scales.empty()) {
-    MLAKV_ASSIGN_OR_RETURN(scales, load_outer_scales(a.scales));
+    // Either kind of file: the fork's outer scales or the mlakv recipe's latent transform.
+    MLAKV_ASSIGN_OR_RETURN(ScaleFile f, load_scale_file(a.scales));
+    if (f.kind == ScaleFile::Kind::kOuterScales) {
+      scales = std::move(f.outer_scales);
+    } else {
+      if (a.layer >= f.transform.num_layers()) {
+        return invalid_argument(fmt::format("--scales {}: the latent transform covers layers [0, {}), not --layer {}",
+                                            a.scales, f.transform.num_layers(), a.layer));
+      }
+      MLAKV_ASSIGN_OR_RETURN(transform,
+                             LatentTransformKernel::create(f.transform.layers[static_cast<std::size_t>(a.layer)]));
+    }
   }
   MLAKV_ASSIGN_OR_RETURN(CacheLayerFormats lf, cache_layer_formats(*format, 1, nullptr));
+  if (transform && format_info(*format).has_outer_scale) lf.layers[0].outer_scale = transform->layer().outer_scale;
   if (scales) {
     // The cache holds this one layer: its scale is the file's entry for --layer.
     MLAKV_ASSIGN_OR_RETURN(CacheLayerFormats all, cache_layer_formats(*format, a.layer + 1, &*scales));
@@ -127,6 +141,7 @@ Status run_layer_forward(const LayerForwardArgs& a) {
   MlaLoadOptions lo;
   lo.quant = quant;
   MLAKV_ASSIGN_OR_RETURN(MlaLayerWeights w, load_mla_layer(*ckpt, cfg, a.layer, lo));
+  if (transform) MLAKV_RETURN_IF_ERROR(fold_latent_transform(w, transform->layer()));
 
   const int64_t chunk = a.chunk == 0 ? T : std::min<int64_t>(a.chunk, T);
   KvCache::Config cc;
@@ -151,6 +166,7 @@ Status run_layer_forward(const LayerForwardArgs& a) {
     MlaForwardOptions fo;
     fo.pool = &pool;
     fo.trace = capture ? &trace : nullptr;
+    fo.transform = transform ? &*transform : nullptr;
     const Status st = mla_layer_forward(
         w, cfg, *cache, 0, seq,
         TensorView::contiguous(hidden.data() + t0 * cfg.hidden_size, DType::kF32, {n, cfg.hidden_size}),
@@ -164,7 +180,8 @@ Status run_layer_forward(const LayerForwardArgs& a) {
                                                    {"model", portable_name(cfg.name)},
                                                    {"layer", std::to_string(a.layer)},
                                                    {"format", std::string(format_name(*format))},
-                                                   {"outer_scale", fmt::format("{}", lf.layers[0].outer_scale)}};
+                                                   {"outer_scale", fmt::format("{}", lf.layers[0].outer_scale)},
+                                                   {"recipe", transform ? "mlakv" : (scales ? "fork" : "none")}};
   // Both files or neither: each is written to its temporary first, and only when both
   // are complete are they renamed into place.
   MLAKV_ASSIGN_OR_RETURN(io::AtomicFile out_file, io::AtomicFile::create(a.output));
@@ -187,12 +204,14 @@ Status run_layer_forward(const LayerForwardArgs& a) {
                 {"chunk", chunk},
                 {"format", std::string(format_name(*format))},
                 {"outer_scale", lf.layers[0].outer_scale},
+                {"recipe", transform ? "mlakv" : (scales ? "fork" : "none")},
                 {"softmax_scale", cfg.softmax_scale()},
                 {"output", a.output},
                 {"capture", capture ? nlohmann::json(a.capture) : nlohmann::json(nullptr)}});
   } else {
-    fmt::print("layer {} of {}: {} tokens ({} per call) through a {} cache (outer scale {}) -> {}\n", a.layer, cfg.name,
-               T, chunk, format_name(*format), lf.layers[0].outer_scale, a.output);
+    fmt::print("layer {} of {}: {} tokens ({} per call) through a {} cache (outer scale {}{}) -> {}\n", a.layer, cfg.name,
+               T, chunk, format_name(*format), lf.layers[0].outer_scale, transform ? ", mlakv latent transform" : "",
+               a.output);
     if (capture) fmt::print("captured {} [{}, {}] -> {}\n", capture_tensor_name(a.layer), T, kLatentDim, a.capture);
   }
   return Status::Ok();
@@ -212,7 +231,9 @@ void add_layer_forward_command(Cli& cli) {
       ->required();
   cmd->add_option("--output", a->output, "safetensors to write: output [T, D] f32")->required();
   cmd->add_option("--format", a->format, "KV cache format (see 'mlakv formats')")->capture_default_str();
-  cmd->add_option("--scales", a->scales, "nvfp4_ds_mla_outer_scale_v1 scale file (nvfp4 formats)");
+  cmd->add_option("--scales", a->scales,
+                  "calibration file: nvfp4_ds_mla_outer_scale_v1 (the fork's outer scales, nvfp4 formats) or "
+                  "mlakv_latent_transform_v1 (the mlakv recipe: the latent written transformed, the weights folded)");
   cmd->add_option("--capture", a->capture, "Also write layers.<layer>.kv_c_normed [T, 512] f32 here");
   cmd->add_option("--chunk", a->chunk, "Tokens per call: prefill chunks, 1 = token-by-token decode (0 = all)")
       ->capture_default_str();

@@ -23,6 +23,11 @@ void report_progress(const ProgressFn& fn, std::string_view what, int64_t done, 
 // A paged cache for one spec, sized for `tokens` tokens of one sequence.
 StatusOr<std::unique_ptr<PagedKvCache>> cache_for(const Model& model, const EvalCacheSpec& spec, int64_t tokens,
                                                   int block_size) {
+  if (spec.transform != nullptr) {
+    MLAKV_ASSIGN_OR_RETURN(std::vector<LayerFormat> layers,
+                           model.transform_layer_formats(spec.format, spec.transform->transform()));
+    return model.create_cache(layers, tokens, block_size);
+  }
   const OuterScales* scales = spec.scales.num_layers() > 0 ? &spec.scales : nullptr;
   MLAKV_ASSIGN_OR_RETURN(CacheLayerFormats f, cache_layer_formats(spec.format, model.num_layers(), scales));
   if (spec.token_scale) {
@@ -46,23 +51,26 @@ int32_t argmax(std::span<const float> row) {
 // The reference: the paged cache in the unquantized f32 record format (float32 exactly as
 // computed), attended by the same kernels as every other format, so a row's KLD measures
 // only what its records lose (and an f32 row is exactly 0).
-const EvalCacheSpec kReferenceSpec{KvFormat::kF32, {}, "none"};
+const EvalCacheSpec kReferenceSpec{KvFormat::kF32, {}, "none", nullptr, "none"};
 
 // One sequence's forward through a paged cache.
 struct Runner {
   Model& model;
   PagedKvCache& cache;
+  const FoldedLatentTransform* transform = nullptr;
   SeqId seq = -1;
 
   void start() { seq = cache.add_sequence(); }
   Status forward(std::span<const int32_t> toks, std::vector<float>& logits, bool last_only,
-                 const LatentObserver& observer = {}) {
+                 const LatentObserver& observer = {}, const QueryObserver& query_observer = {}) {
     const int64_t rows = last_only ? 1 : static_cast<int64_t>(toks.size());
     logits.resize(static_cast<std::size_t>(rows * model.vocab_size()));
     const TensorView out = TensorView::contiguous(logits.data(), DType::kF32, {rows, model.vocab_size()});
     ForwardOptions fo;
     fo.last_token_only = last_only;
     fo.observer = observer;
+    fo.query_observer = query_observer;
+    fo.transform = transform;
     return model.forward(cache, seq, toks, out, fo);
   }
   void finish() {
@@ -130,7 +138,7 @@ StatusOr<EvalReport> evaluate(Model& model, std::span<const int32_t> tokens, std
       report_progress(opt.progress, "reference", ++done, total);
     }
     for (std::size_t i = 0; i < specs.size(); ++i) {
-      Runner r{model, *caches[i]};
+      Runner r{model, *caches[i], specs[i].transform.get()};
       r.start();
       const auto t0 = std::chrono::steady_clock::now();
       const Status st = r.forward(win, q_logits, false);
@@ -168,6 +176,70 @@ StatusOr<OuterScales> calibrate_outer_scales(Model& model, std::span<const int32
     report_progress(progress, "calibration", static_cast<int64_t>(w) + 1, static_cast<int64_t>(wins.size()));
   }
   return cal.finish(model.num_layers());
+}
+
+StatusOr<LatentTransformCalibration> calibrate_latent_transform(Model& model, std::span<const int32_t> tokens,
+                                                               int64_t context, int64_t windows, int64_t skip,
+                                                               const LatentTransformRecipe& recipe,
+                                                               const ProgressFn& progress) {
+  MLAKV_ASSIGN_OR_RETURN(auto wins, eval_windows(tokens, context, windows, skip));
+  MLAKV_ASSIGN_OR_RETURN(std::unique_ptr<PagedKvCache> ref, cache_for(model, kReferenceSpec, context, kDefaultBlockSize));
+  const int n = model.num_layers();
+  LatentTransformCalibrator cal(n);
+  const bool need_q = recipe.importance == LatentImportance::kQuery ||
+                      recipe.importance == LatentImportance::kQueryOutput;
+  const int64_t total = 2 * static_cast<int64_t>(wins.size());
+  std::vector<float> logits;
+  // Pass 1: latent means and second moments, the absorbed queries' second moments.
+  for (std::size_t w = 0; w < wins.size(); ++w) {
+    Status observed = Status::Ok();
+    Runner r{model, *ref};
+    r.start();
+    const Status st = r.forward(
+        wins[w], logits, true,
+        [&](int layer, const TensorView& kv) {
+          if (observed.ok()) observed = cal.add_latent(layer, kv, fmt::format("window {} kv_c_normed", w));
+        },
+        need_q ? QueryObserver([&](int layer, const TensorView& q) {
+          if (observed.ok()) observed = cal.add_query(layer, q, fmt::format("window {} q", w));
+        })
+               : QueryObserver());
+    r.finish();
+    MLAKV_RETURN_IF_ERROR(st.with_context(fmt::format("calibration window {}", w)));
+    MLAKV_RETURN_IF_ERROR(observed);
+    report_progress(progress, "calibration (moments)", static_cast<int64_t>(w) + 1, total);
+  }
+  std::vector<std::vector<double>> energy;
+  if (recipe.importance == LatentImportance::kOutput || recipe.importance == LatentImportance::kQueryOutput) {
+    for (int l = 0; l < n; ++l) {
+      MLAKV_ASSIGN_OR_RETURN(std::vector<double> e, model.latent_output_energy(l));
+      energy.push_back(std::move(e));
+    }
+  }
+  LatentTransformCalibration out;
+  MLAKV_ASSIGN_OR_RETURN(out.transform, cal.finish(recipe, energy));
+  // Pass 2: max |c'| per layer under the transform, s_l = max / 2688 (the fork's rule on c').
+  MLAKV_ASSIGN_OR_RETURN(std::vector<LatentTransformKernel> kernels, make_latent_transform_kernels(out.transform));
+  out.max_abs.assign(static_cast<std::size_t>(n), 0.0);
+  for (std::size_t w = 0; w < wins.size(); ++w) {
+    Runner r{model, *ref};
+    r.start();
+    const Status st = r.forward(wins[w], logits, true, [&](int layer, const TensorView& kv) {
+      const LatentTransformKernel& k = kernels[static_cast<std::size_t>(layer)];
+      float buf[kLatentDim];
+      double m = out.max_abs[static_cast<std::size_t>(layer)];
+      for (int64_t t = 0; t < kv.size(0); ++t) {
+        k.latent(kv.ptr<const float>() + t * kLatentDim, buf);
+        for (float v : buf) m = std::max(m, static_cast<double>(std::abs(v)));
+      }
+      out.max_abs[static_cast<std::size_t>(layer)] = m;
+    });
+    r.finish();
+    MLAKV_RETURN_IF_ERROR(st.with_context(fmt::format("calibration window {}", w)));
+    report_progress(progress, "calibration (max |c'|)", static_cast<int64_t>(wins.size() + w) + 1, total);
+  }
+  MLAKV_RETURN_IF_ERROR(set_transform_outer_scales(out.transform, out.max_abs));
+  return out;
 }
 
 // ---- needles (docs/needle.md) ----------------------------------------------------------
@@ -265,7 +337,7 @@ static StatusOr<GenerateResult> generate_impl(Model& model, std::span<const int3
   const int64_t need = static_cast<int64_t>(prompt.size()) + max_new_tokens;
   MLAKV_ASSIGN_OR_RETURN(std::unique_ptr<PagedKvCache> paged,
                          cache_for(model, spec ? *spec : kReferenceSpec, need, block_size));
-  Runner r{model, *paged};
+  Runner r{model, *paged, spec != nullptr ? spec->transform.get() : nullptr};
   r.start();
   GenerateResult res;
   std::vector<float> logits;

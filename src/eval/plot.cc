@@ -49,7 +49,9 @@ void axis_ticks(std::string& s, const LogAxis& a, double x0, double x1) {
 }
 
 std::string row_label(const EvalRow& r) {
-  return std::string(format_name(r.spec.format)) + (r.spec.scales_label == "none" ? "" : " +" + r.spec.scales_label);
+  const std::string recipe = r.spec.recipe == "none" || r.spec.recipe.empty() ? "" : " " + r.spec.recipe;
+  return std::string(format_name(r.spec.format)) + recipe +
+         (r.spec.scales_label == "none" ? "" : " +" + r.spec.scales_label);
 }
 
 }  // namespace

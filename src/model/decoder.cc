@@ -45,14 +45,18 @@ class AttentionBackend {
 class PagedBackend final : public AttentionBackend {
  public:
   PagedBackend(PagedKvCache& cache, std::vector<int64_t> slots, std::vector<int32_t> table, int32_t len, int H, int L,
-               int R, float scale, int splits, ThreadPool* pool)
+               int R, float scale, int splits, ThreadPool* pool, const FoldedLatentTransform::Impl* transform)
       : cache_(cache), slots_(std::move(slots)), table_(std::move(table)), len_(len), H_(H), L_(L), R_(R),
-        scale_(scale), splits_(splits), pool_(pool) {}
+        scale_(scale), splits_(splits), pool_(pool), transform_(transform) {}
 
   Status attend(int layer, const float* q, const float* latent, const float* rope, int64_t T, float* o_lat) override {
     // The SIMD writer: the scalar codec's bytes (src/model/record_writer.h), threaded.
     (void)T;
-    MLAKV_RETURN_IF_ERROR(model::write_cache_records(cache_.storage(), layer, slots_, latent, rope, pool_));
+    // With a transform, each token's latent (and k_pe) is transformed in the writer's
+    // per-token buffer right before it is encoded.
+    const LatentTransformKernel* t =
+        transform_ != nullptr ? &transform_->kernels[static_cast<std::size_t>(layer)] : nullptr;
+    MLAKV_RETURN_IF_ERROR(model::write_cache_records(cache_.storage(), layer, slots_, latent, rope, pool_, t));
     MLAKV_ASSIGN_OR_RETURN(CacheLayerView view, cache_.storage().layer(layer));
     std::vector<float> lse(static_cast<std::size_t>(T * H_));
     MlaAttentionParams p;
@@ -77,6 +81,7 @@ class PagedBackend final : public AttentionBackend {
   float scale_;
   int splits_;
   ThreadPool* pool_;
+  const FoldedLatentTransform::Impl* transform_;
 };
 
 // float32 attention over the reference cache's rows.
@@ -139,7 +144,9 @@ namespace model {
 
 // One decoder layer's attention: x [T, D] (input-normed) -> out [T, D].
 Status attention_forward(const Model::Impl& m, int layer, const float* x, int64_t T, std::span<const int64_t> pos,
-                         AttentionBackend& be, const LatentObserver& observer, float* out) {
+                         AttentionBackend& be, const ForwardOptions& opt, float* out) {
+  const LatentObserver& observer = opt.observer;
+  const FoldedLatentTransform::Impl* ft = opt.transform != nullptr ? &opt.transform->impl() : nullptr;
   const ModelConfig& c = m.arch.mla;
   const AttentionWeights& a = m.layers[static_cast<std::size_t>(layer)].attn;
   ThreadPool* pool = m.pool.get();
@@ -165,16 +172,35 @@ Status attention_forward(const Model::Impl& m, int layer, const float* x, int64_
   MLAKV_RETURN_IF_ERROR(check_finite(latent.data(), T * L, layer, "kv_c_normed"));
   if (observer) observer(layer, TensorView::contiguous(latent.data(), DType::kF32, {T, L}));
 
-  // Absorbed query [T, H, L+R].
+  // Absorbed query [T, H, L+R]. With a transform, kv_b is the folded copy (rows H D^-1 r),
+  // so q_lat' = H D^-1 q_lat, and q_pe is rotated by H_r after RoPE.
   const int64_t QK = L + R;
+  const WeightMatrix kv_b = ft != nullptr ? WeightMatrix{ft->kv_b[static_cast<std::size_t>(layer)].data(),
+                                                         DType::kF32, H * (P + V), L, L}
+                                          : a.kv_b.w;
+  const LatentTransformKernel* kt = ft != nullptr ? &ft->kernels[static_cast<std::size_t>(layer)] : nullptr;
   std::vector<float> q(static_cast<std::size_t>(T * H * QK));
+  if (opt.query_observer) {
+    // The untransformed absorbed query, for calibration (an extra product only when observed).
+    std::vector<float> q0(q.size());
+    parallel(pool, H, [&](int64_t h) {
+      matmul_nn(qf.data() + h * (P + R), T, QW, a.kv_b.w.row_range(h * (P + V), P), q0.data() + h * QK, H * QK);
+      for (int64_t t = 0; t < T; ++t) {
+        float* dst = q0.data() + (t * H + h) * QK + L;
+        std::copy_n(qf.data() + t * QW + h * (P + R) + P, R, dst);
+        m.rope->rotate(dst, pos[static_cast<std::size_t>(t)]);
+      }
+    });
+    opt.query_observer(layer, TensorView::contiguous(q0.data(), DType::kF32, {T, H, QK}));
+  }
   parallel(pool, H, [&](int64_t h) {
-    const WeightMatrix w_uk = a.kv_b.w.row_range(h * (P + V), P);  // [P, L]
+    const WeightMatrix w_uk = kv_b.row_range(h * (P + V), P);  // [P, L]
     matmul_nn(qf.data() + h * (P + R), T, QW, w_uk, q.data() + h * QK, H * QK);
     for (int64_t t = 0; t < T; ++t) {
       float* dst = q.data() + (t * H + h) * QK + L;
       std::copy_n(qf.data() + t * QW + h * (P + R) + P, R, dst);
       m.rope->rotate(dst, pos[static_cast<std::size_t>(t)]);
+      if (kt != nullptr && kt->rotates_rope()) kt->rope(dst, dst);
     }
   });
 
@@ -183,9 +209,15 @@ Status attention_forward(const Model::Impl& m, int layer, const float* x, int64_
 
   std::vector<float> o(static_cast<std::size_t>(T * H * V));
   parallel(pool, H, [&](int64_t h) {
-    const WeightMatrix w_uv_t = a.kv_b.w.row_range(h * (P + V) + P, V);  // [V, L]
+    const WeightMatrix w_uv_t = kv_b.row_range(h * (P + V) + P, V);  // [V, L]
     matmul_nt(o_lat.data() + h * L, T, H * L, w_uv_t, o.data() + h * V, H * V, nullptr);
   });
+  if (ft != nullptr) {
+    // sum_t p_t c_t = D^-1 H^T o' + mu: the mu part is W_UV^T mu per head.
+    const std::vector<float>& b = ft->uv_bias[static_cast<std::size_t>(layer)];
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t k = 0; k < H * V; ++k) o[static_cast<std::size_t>(t * H * V + k)] += b[static_cast<std::size_t>(k)];
+  }
   linear_forward(a.o, o.data(), T, out, pool);
   (void)D;
   return Status::Ok();
@@ -205,7 +237,7 @@ Status run_model(Model::Impl& m, AttentionBackend& be, int64_t p0, std::span<con
   for (int i = 0; i < a.mla.num_layers; ++i) {
     const LayerWeights& lw = m.layers[static_cast<std::size_t>(i)];
     rms_norm_rows(h.data(), T, D, lw.input_norm, a.mla.rms_norm_eps, xn.data());
-    MLAKV_RETURN_IF_ERROR(attention_forward(m, i, xn.data(), T, pos, be, opt.observer, y.data()));
+    MLAKV_RETURN_IF_ERROR(attention_forward(m, i, xn.data(), T, pos, be, opt, y.data()));
     for (std::size_t k = 0; k < h.size(); ++k) h[k] += y[k];
     rms_norm_rows(h.data(), T, D, lw.post_norm, a.mla.rms_norm_eps, xn.data());
     if (lw.moe) {
@@ -266,6 +298,20 @@ Status Model::forward(PagedKvCache& cache, SeqId seq, std::span<const int32_t> t
   if (kc.latent_dim != c.kv_lora_rank || kc.rope_dim != c.qk_rope_head_dim)
     return invalid_argument(fmt::format("forward: cache records hold latent {} + rope {}, the model {} + {}",
                                         kc.latent_dim, kc.rope_dim, c.kv_lora_rank, c.qk_rope_head_dim));
+  if (opt.transform != nullptr) {
+    const FoldedLatentTransform::Impl& ft = opt.transform->impl();
+    if (ft.model != &m)
+      return invalid_argument("forward: the latent transform was folded for another model (fold it for this one)");
+    for (int l = 0; l < c.num_layers; ++l) {
+      MLAKV_ASSIGN_OR_RETURN(CacheLayerView v, cache.storage().layer(l));
+      const float want = ft.transform.layers[static_cast<std::size_t>(l)].outer_scale;
+      if (format_info(v.format).has_outer_scale && v.outer_scale != want)
+        return invalid_argument(fmt::format(
+            "forward: cache layer {} has outer scale {}, the latent transform's s_l is {} (create the cache with "
+            "Model::transform_layer_formats)",
+            l, v.outer_scale, want));
+    }
+  }
   MLAKV_ASSIGN_OR_RETURN(int64_t p0, cache.blocks().length(seq));
   const int64_t T = static_cast<int64_t>(tokens.size());
   if (p0 + T > INT32_MAX) return out_of_range(fmt::format("forward: sequence {} would exceed 2^31 tokens", seq));
@@ -274,7 +320,8 @@ Status Model::forward(PagedKvCache& cache, SeqId seq, std::span<const int32_t> t
   note_topk(m, p0 + T);
   PagedBackend be(cache, std::move(slots), std::vector<int32_t>(table.begin(), table.end()),
                   static_cast<int32_t>(p0 + T), c.num_heads, c.kv_lora_rank, c.qk_rope_head_dim,
-                  static_cast<float>(c.softmax_scale()), opt.num_splits, m.pool.get());
+                  static_cast<float>(c.softmax_scale()), opt.num_splits, m.pool.get(),
+                  opt.transform != nullptr ? &opt.transform->impl() : nullptr);
   return model::run_model(m, be, p0, tokens, logits, opt);
 }
 
@@ -283,6 +330,8 @@ Status Model::forward(ReferenceKvCache& cache, SeqId seq, std::span<const int32_
   Impl& m = *impl_;
   const ModelConfig& c = m.arch.mla;
   MLAKV_RETURN_IF_ERROR(check_forward_args(m, tokens, logits, opt, cache.num_layers()));
+  if (opt.transform != nullptr)
+    return invalid_argument("forward: the float32 reference cache takes no latent transform (use a paged cache)");
   if (cache.latent_dim() != c.kv_lora_rank || cache.rope_dim() != c.qk_rope_head_dim)
     return invalid_argument(fmt::format("forward: reference cache holds latent {} + rope {}, the model {} + {}",
                                         cache.latent_dim(), cache.rope_dim(), c.kv_lora_rank, c.qk_rope_head_dim));

@@ -408,8 +408,28 @@ Status mla_layer_forward(const MlaLayerWeights& w, const ModelConfig& cfg, Paged
                                           TensorView::contiguous(q.data(), DType::kF32, {T, H, L + R}),
                                           TensorView::contiguous(lat.data(), DType::kF32, {T, L}),
                                           TensorView::contiguous(rot.data(), DType::kF32, {T, R}), opt.pool));
-  MLAKV_RETURN_IF_ERROR(cache.write(cache_layer, slots, TensorView::contiguous(lat.data(), DType::kF32, {T, L}),
-                                    TensorView::contiguous(rot.data(), DType::kF32, {T, R})));
+  if (opt.transform != nullptr) {
+    // The cache stores c' = H D (c - mu) and H_r k_pe; q_pe turns with k_pe.
+    std::vector<float> lat_t(lat.size()), rot_t(rot.size());
+    for (int64_t t = 0; t < T; ++t) {
+      const float m = opt.transform->max_scaled_input(lat.data() + t * L);
+      if (!(m <= LatentTransformKernel::kMaxScaledInput))
+        return invalid_argument(fmt::format("token {}: max |(latent - mu) d| = {} overflows the latent transform", t, m));
+      opt.transform->latent(lat.data() + t * L, lat_t.data() + t * L);
+      opt.transform->rope(rot.data() + t * R, rot_t.data() + t * R);
+      if (opt.transform->rotates_rope()) {
+        for (int64_t h = 0; h < H; ++h) {
+          float* qp = q.data() + (t * H + h) * (L + R) + L;
+          opt.transform->rope(qp, qp);
+        }
+      }
+    }
+    MLAKV_RETURN_IF_ERROR(cache.write(cache_layer, slots, TensorView::contiguous(lat_t.data(), DType::kF32, {T, L}),
+                                      TensorView::contiguous(rot_t.data(), DType::kF32, {T, R})));
+  } else {
+    MLAKV_RETURN_IF_ERROR(cache.write(cache_layer, slots, TensorView::contiguous(lat.data(), DType::kF32, {T, L}),
+                                      TensorView::contiguous(rot.data(), DType::kF32, {T, R})));
+  }
 
   std::vector<int32_t> tab(table.begin(), table.end()), seqlen = {static_cast<int32_t>(len)};
   std::vector<float> o_lat(static_cast<std::size_t>(T * H * L)), lse(static_cast<std::size_t>(T * H));
@@ -432,6 +452,45 @@ Status mla_layer_forward(const MlaLayerWeights& w, const ModelConfig& cfg, Paged
     opt.trace->q = std::move(q);
     opt.trace->attn_latent = std::move(o_lat);
   }
+  return Status::Ok();
+}
+
+Status fold_latent_transform(MlaLayerWeights& w, const LatentTransformLayer& t) {
+  const MlaGeometry& geo = w.geometry;
+  const int64_t D = geo.hidden_size, H = geo.num_heads, L = geo.kv_lora_rank, P = geo.qk_nope_head_dim,
+                V = geo.v_head_dim;
+  if (L != kLatentDim)
+    return invalid_argument(fmt::format("weights of layer {}: a latent transform needs kv_lora_rank {}, got {}", w.layer,
+                                        kLatentDim, L));
+  if (static_cast<int64_t>(w.w_uk_t.size()) != H * P * L || static_cast<int64_t>(w.w_uv.size()) != H * L * V ||
+      static_cast<int64_t>(w.o_proj.size()) != D * H * V || (!w.o_bias.empty() && static_cast<int64_t>(w.o_bias.size()) != D))
+    return invalid_argument(fmt::format("weights of layer {}: w_uk_t / w_uv / o_proj / o_bias sizes do not match the "
+                                        "geometry",
+                                        w.layer));
+  MLAKV_ASSIGN_OR_RETURN(LatentTransformKernel k, LatentTransformKernel::create(t));
+  std::vector<float> uk = w.w_uk_t, uv = w.w_uv;
+  std::vector<double> bias(static_cast<std::size_t>(D), 0.0);
+  std::vector<float> row(static_cast<std::size_t>(L));
+  std::vector<double> folded(static_cast<std::size_t>(L));
+  for (int64_t hp = 0; hp < H * P; ++hp) {  // W_UK rows: contiguous
+    k.fold_row(w.w_uk_t.data() + hp * L, folded.data());
+    for (int64_t i = 0; i < L; ++i) uk[static_cast<std::size_t>(hp * L + i)] = static_cast<float>(folded[static_cast<std::size_t>(i)]);
+  }
+  for (int64_t h = 0; h < H; ++h) {
+    for (int64_t v = 0; v < V; ++v) {  // W_UV^T rows: w_uv[h][:][v], stride V
+      for (int64_t i = 0; i < L; ++i) row[static_cast<std::size_t>(i)] = w.w_uv[static_cast<std::size_t>((h * L + i) * V + v)];
+      k.fold_row(row.data(), folded.data());
+      for (int64_t i = 0; i < L; ++i)
+        uv[static_cast<std::size_t>((h * L + i) * V + v)] = static_cast<float>(folded[static_cast<std::size_t>(i)]);
+      const double b = k.dot_mu(row.data());  // this head's output dim v gains b
+      for (int64_t o = 0; o < D; ++o) bias[static_cast<std::size_t>(o)] += static_cast<double>(w.o_proj[static_cast<std::size_t>(o * H * V + h * V + v)]) * b;
+    }
+  }
+  if (w.o_bias.empty()) w.o_bias.assign(static_cast<std::size_t>(D), 0.0f);
+  for (int64_t o = 0; o < D; ++o)
+    w.o_bias[static_cast<std::size_t>(o)] = static_cast<float>(w.o_bias[static_cast<std::size_t>(o)] + bias[static_cast<std::size_t>(o)]);
+  w.w_uk_t = std::move(uk);
+  w.w_uv = std::move(uv);
   return Status::Ok();
 }
 

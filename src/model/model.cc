@@ -315,14 +315,107 @@ Status linear_cpu(const TensorView& x, const TensorView& w, const TensorView& y,
 }
 
 Status write_records_simd(PagedKvCache& cache, int layer, std::span<const int64_t> slots, const TensorView& latent,
-                          const TensorView& rope, ThreadPool* pool) {
+                          const TensorView& rope, ThreadPool* pool, const LatentTransformKernel* transform) {
   const KvCache::Config& kc = cache.storage().config();
   const int64_t n = static_cast<int64_t>(slots.size());
   MLAKV_RETURN_IF_ERROR(check_tensor(latent, "latent", {{DType::kF32}, {n, kc.latent_dim}}, Device::cpu()));
   MLAKV_RETURN_IF_ERROR(check_tensor(rope, "rope", {{DType::kF32}, {n, kc.rope_dim}}, Device::cpu()));
   if (!latent.is_contiguous() || !rope.is_contiguous()) return invalid_argument("latent, rope: must be contiguous");
   return model::write_cache_records(cache.storage(), layer, slots, latent.ptr<const float>(), rope.ptr<const float>(),
-                                    pool);
+                                    pool, transform);
+}
+
+FoldedLatentTransform::FoldedLatentTransform(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+FoldedLatentTransform::~FoldedLatentTransform() = default;
+const LatentTransform& FoldedLatentTransform::transform() const { return impl_->transform; }
+std::size_t FoldedLatentTransform::bytes() const {
+  std::size_t n = 0;
+  for (const auto& v : impl_->kv_b) n += v.size() * sizeof(float);
+  for (const auto& v : impl_->uv_bias) n += v.size() * sizeof(float);
+  return n;
+}
+
+StatusOr<std::shared_ptr<const FoldedLatentTransform>> Model::fold_latent_transform(const LatentTransform& t) const {
+  const ModelConfig& c = config();
+  if (t.num_layers() != c.num_layers)
+    return invalid_argument(
+        fmt::format("latent transform: {} layers given for a model of {} layers", t.num_layers(), c.num_layers));
+  if (c.kv_lora_rank != kLatentDim || c.qk_rope_head_dim != kRopeDim)
+    return unimplemented(fmt::format("latent transform: needs kv_lora_rank {} and qk_rope_head_dim {}, the model has "
+                                     "{} and {}",
+                                     kLatentDim, kRopeDim, c.kv_lora_rank, c.qk_rope_head_dim));
+  auto f = std::make_unique<FoldedLatentTransform::Impl>();
+  f->model = impl_.get();
+  f->transform = t;
+  MLAKV_ASSIGN_OR_RETURN(f->kernels, make_latent_transform_kernels(t));
+  const int64_t H = c.num_heads, P = c.qk_nope_head_dim, V = c.v_head_dim, L = c.kv_lora_rank;
+  std::vector<std::vector<float>>& kv_b = f->kv_b;
+  kv_b.resize(static_cast<std::size_t>(c.num_layers));
+  f->uv_bias.resize(static_cast<std::size_t>(c.num_layers));
+  for (int l = 0; l < c.num_layers; ++l) {
+    const LatentTransformKernel& k = f->kernels[static_cast<std::size_t>(l)];
+    const WeightMatrix& w = impl_->layers[static_cast<std::size_t>(l)].attn.kv_b.w;
+    std::vector<float>& out = kv_b[static_cast<std::size_t>(l)];
+    std::vector<float>& bias = f->uv_bias[static_cast<std::size_t>(l)];
+    out.resize(static_cast<std::size_t>(H * (P + V) * L));
+    bias.resize(static_cast<std::size_t>(H * V));
+    const int64_t rows = H * (P + V);
+    impl_->pool->parallel_for(rows, [&](int64_t r, int) {
+      std::vector<float> row(static_cast<std::size_t>(L));
+      std::vector<double> folded(static_cast<std::size_t>(L));
+      for (int64_t i = 0; i < L; ++i) row[static_cast<std::size_t>(i)] = w.at(r, i);
+      k.fold_row(row.data(), folded.data());
+      for (int64_t i = 0; i < L; ++i) out[static_cast<std::size_t>(r * L + i)] = static_cast<float>(folded[static_cast<std::size_t>(i)]);
+      const int64_t h = r / (P + V), j = r % (P + V);
+      if (j >= P) bias[static_cast<std::size_t>(h * V + (j - P))] = static_cast<float>(k.dot_mu(row.data()));
+    });
+  }
+  return std::shared_ptr<const FoldedLatentTransform>(new FoldedLatentTransform(std::move(f)));
+}
+
+StatusOr<std::vector<LayerFormat>> Model::transform_layer_formats(KvFormat format, const LatentTransform& t) const {
+  if (static_cast<int>(format) >= kNumKvFormats)
+    return invalid_argument(fmt::format("unknown format id {}", static_cast<int>(format)));
+  if (t.num_layers() != num_layers())
+    return invalid_argument(
+        fmt::format("latent transform: {} layers given for a model of {} layers", t.num_layers(), num_layers()));
+  MLAKV_RETURN_IF_ERROR(validate_latent_transform(t));
+  const bool outer = format_info(format).has_outer_scale;
+  std::vector<LayerFormat> out;
+  for (const LatentTransformLayer& l : t.layers) out.push_back({format, outer ? l.outer_scale : 1.0f});
+  return out;
+}
+
+StatusOr<std::vector<double>> Model::latent_output_energy(int layer) const {
+  const ModelConfig& c = config();
+  if (layer < 0 || layer >= c.num_layers)
+    return out_of_range(fmt::format("latent_output_energy: layer {} is outside [0, {})", layer, c.num_layers));
+  const int64_t H = c.num_heads, P = c.qk_nope_head_dim, V = c.v_head_dim, L = c.kv_lora_rank, D = c.hidden_size;
+  const model::AttentionWeights& a = impl_->layers[static_cast<std::size_t>(layer)].attn;
+  std::vector<double> e(static_cast<std::size_t>(L), 0.0);
+  // e_i = sum_h r_hi^T G_h r_hi, G_h = W_o,h^T W_o,h [V, V], r_hi = column i of W_UV^T,h.
+  std::vector<double> G(static_cast<std::size_t>(V * V));
+  for (int64_t h = 0; h < H; ++h) {
+    std::fill(G.begin(), G.end(), 0.0);
+    for (int64_t d = 0; d < D; ++d) {
+      for (int64_t u = 0; u < V; ++u) {
+        const double wu = a.o.w.at(d, h * V + u);
+        for (int64_t v = 0; v < V; ++v) G[static_cast<std::size_t>(u * V + v)] += wu * a.o.w.at(d, h * V + v);
+      }
+    }
+    std::vector<double> r(static_cast<std::size_t>(V));
+    for (int64_t i = 0; i < L; ++i) {
+      for (int64_t v = 0; v < V; ++v) r[static_cast<std::size_t>(v)] = a.kv_b.w.at(h * (P + V) + P + v, i);
+      double s = 0.0;
+      for (int64_t u = 0; u < V; ++u) {
+        double gu = 0.0;
+        for (int64_t v = 0; v < V; ++v) gu += G[static_cast<std::size_t>(u * V + v)] * r[static_cast<std::size_t>(v)];
+        s += r[static_cast<std::size_t>(u)] * gu;
+      }
+      e[static_cast<std::size_t>(i)] += s;
+    }
+  }
+  return e;
 }
 
 StatusOr<std::unique_ptr<ReferenceKvCache>> Model::create_reference_cache() const {

@@ -68,6 +68,15 @@ void moe_forward(const MoeWeights& m, const MoeRouting& r, const float* x, int64
 
 }  // namespace model
 
+// A latent transform folded into one model (include/mlakv/model.h).
+struct FoldedLatentTransform::Impl {
+  const Model::Impl* model = nullptr;  // the model it was folded for
+  LatentTransform transform;
+  std::vector<LatentTransformKernel> kernels;  // [num_layers]
+  std::vector<std::vector<float>> kv_b;       // [num_layers][H*(P+V) * L]: rows H D^-1 r
+  std::vector<std::vector<float>> uv_bias;    // [num_layers][H*V]: W_UV^T rows . mu
+};
+
 struct Model::Impl {
   ModelArch arch;
   std::unique_ptr<Checkpoint> ckpt;

@@ -24,6 +24,7 @@
 
 #include "mlakv/cache.h"
 #include "mlakv/formats.h"
+#include "mlakv/latent_transform.h"
 #include "mlakv/status.h"
 
 namespace mlakv {
@@ -42,9 +43,13 @@ void encode_record_simd(KvFormat f, const float* latent, int latent_dim, const f
 // Encodes n tokens into `slots` of cache layer `layer` (slots < 0 skipped), threads over
 // tokens. latent [n, latent_dim], rope [n, rope_dim] f32. Validates first and writes
 // nothing on error: a slot past the cache, a non-finite input (named by token and dim),
-// a bad layer.
+// a bad layer. With `transform`, every token's latent and k_pe are transformed first
+// (LatentTransformKernel::latent / rope, in a per-token buffer, then encoded), and a
+// latent whose max |(c - mu) d| passes LatentTransformKernel::kMaxScaledInput (float32
+// would overflow) is an error before anything is written. The cache's outer scale
+// applies to the transformed latent.
 Status write_cache_records(KvCache& cache, int layer, std::span<const int64_t> slots, const float* latent,
-                           const float* rope, ThreadPool* pool);
+                           const float* rope, ThreadPool* pool, const LatentTransformKernel* transform = nullptr);
 
 // The element codes alone (for exhaustive tests): e4m3 satfinite / e2m1 satfinite
 // codes of y[0, n), one per byte (e2m1 in the low nibble).

@@ -208,6 +208,108 @@ void Nvfp4LatentMode(const float* latent, float outer_scale, bool token_scale, u
   Nvfp4Latent(latent, s, rec);
 }
 
+// The in-vector butterfly of stage h < lanes: lane j pairs with lane j ^ h; the lower one
+// gets a + b, the upper one a - b (fwht's order, so the result is bit-identical).
+template <class D>
+HWY_INLINE hn::Vec<D> InVectorButterfly(D df, hn::Vec<D> v, size_t h) {
+  const hn::RebindToUnsigned<D> du;
+  hn::Vec<D> p = v;
+#if HWY_TARGET != HWY_SCALAR  // one lane: no in-vector stage (never called)
+  if constexpr (hn::MaxLanes(D()) >= 2) {
+    if (h == 1) p = hn::Shuffle2301(v);
+  }
+  if constexpr (hn::MaxLanes(D()) >= 4) {
+    if (h == 2) p = hn::Shuffle1032(v);
+  }
+  if constexpr (hn::MaxLanes(D()) >= 8) {
+    if (h == 4) p = hn::SwapAdjacentBlocks(v);
+  }
+  if constexpr (hn::MaxLanes(D()) >= 16) {
+    if (h == 8) p = hn::ConcatLowerUpper(df, v, v);
+  }
+#endif
+  const auto upper = hn::RebindMask(df, hn::Ne(hn::And(hn::Iota(du, 0), hn::Set(du, static_cast<uint32_t>(h))),
+                                               hn::Zero(du)));
+  return hn::IfThenElse(upper, hn::Sub(p, v), hn::Add(v, p));
+}
+
+// x[n] <- fwht(x) (n a multiple of the lanes, a power of two).
+HWY_INLINE void FwhtVec(float* HWY_RESTRICT x, size_t n) {
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  if (N > 1) {
+    for (size_t i = 0; i < n; i += N) {
+      auto v = hn::LoadU(df, x + i);
+      for (size_t h = 1; h < N && h < n; h <<= 1) v = InVectorButterfly(df, v, h);
+      hn::StoreU(v, df, x + i);
+    }
+  }
+  for (size_t h = N; h < n; h <<= 1) {
+    for (size_t i = 0; i < n; i += 2 * h) {
+      for (size_t j = 0; j < h; j += N) {
+        const auto a = hn::LoadU(df, x + i + j), b = hn::LoadU(df, x + i + j + h);
+        hn::StoreU(hn::Add(a, b), df, x + i + j);
+        hn::StoreU(hn::Sub(a, b), df, x + i + j + h);
+      }
+    }
+  }
+}
+
+// LatentTransformKernel::latent / rope, vectorized (bit-identical: the same operations in
+// the same order). The latent's 512 floats stay in registers (an array of vectors) through
+// the gain and all 9 butterfly stages; the in-vector stages' lane masks are made once.
+void TransformToken(const float* mu, const float* gain, bool rotate, const float* rope_gain, const float* c,
+                    const float* k, float* HWY_RESTRICT out, float* HWY_RESTRICT rope_out) {
+  const DF df;
+  const DU du;
+  constexpr size_t N = hn::MaxLanes(DF());
+  constexpr size_t NV = static_cast<size_t>(kLatentDim) / N;
+  hn::Vec<DF> v[NV];
+  for (size_t i = 0; i < NV; ++i)
+    v[i] = hn::Mul(hn::Sub(hn::LoadU(df, c + i * N), hn::LoadU(df, mu + i * N)), hn::LoadU(df, gain + i * N));
+  if (rotate) {
+    for (size_t h = 1; h < N; h <<= 1) {
+      const auto upper =
+          hn::RebindMask(df, hn::Ne(hn::And(hn::Iota(du, 0), hn::Set(du, static_cast<uint32_t>(h))), hn::Zero(du)));
+      for (size_t i = 0; i < NV; ++i) {
+        hn::Vec<DF> p = v[i];
+#if HWY_TARGET != HWY_SCALAR
+        if constexpr (N >= 2) {
+          if (h == 1) p = hn::Shuffle2301(v[i]);
+        }
+        if constexpr (N >= 4) {
+          if (h == 2) p = hn::Shuffle1032(v[i]);
+        }
+        if constexpr (N >= 8) {
+          if (h == 4) p = hn::SwapAdjacentBlocks(v[i]);
+        }
+        if constexpr (N >= 16) {
+          if (h == 8) p = hn::ConcatLowerUpper(df, v[i], v[i]);
+        }
+#endif
+        v[i] = hn::IfThenElse(upper, hn::Sub(p, v[i]), hn::Add(v[i], p));
+      }
+    }
+    for (size_t hv = 1; hv < NV; hv <<= 1) {  // stage h = hv * N: whole vectors
+      for (size_t i = 0; i < NV; i += 2 * hv) {
+        for (size_t j = i; j < i + hv; ++j) {
+          const auto a = v[j], b = v[j + hv];
+          v[j] = hn::Add(a, b);
+          v[j + hv] = hn::Sub(a, b);
+        }
+      }
+    }
+  }
+  for (size_t i = 0; i < NV; ++i) hn::StoreU(v[i], df, out + i * N);
+  if (rope_gain == nullptr) {
+    std::memcpy(rope_out, k, kRopeDim * sizeof(float));
+    return;
+  }
+  for (size_t i = 0; i < static_cast<size_t>(kRopeDim); i += N)
+    hn::StoreU(hn::Mul(hn::LoadU(df, k + i), hn::LoadU(df, rope_gain + i)), df, rope_out + i);
+  FwhtVec(rope_out, kRopeDim);
+}
+
 void EncodeRecord(KvFormat f, const float* latent, int latent_dim, const float* rope, int rope_dim, float outer_scale,
                   bool fp8_exact, bool token_scale, uint8_t* rec) {
   switch (f) {
@@ -283,6 +385,25 @@ void E2m1CodesN(const float* y, int64_t n, uint8_t* out) {
   for (; i < n; ++i) out[i] = f32_to_e2m1_satfinite(y[i]);
 }
 
+// max over x[0, n) of the float32 bits with the sign cleared: >= 0x7F800000 when some
+// value is not finite, else the bits of max |x| (non-negative floats order as integers).
+uint32_t MaxAbsBits(const float* HWY_RESTRICT x, int64_t n) {
+  const DF df;
+  const DU du;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  auto m = hn::Zero(du);
+  const auto mask = hn::Set(du, 0x7FFFFFFFu);
+  int64_t i = 0;
+  for (; i + N <= n; i += N) m = hn::Max(m, hn::And(hn::BitCast(du, hn::LoadU(df, x + i)), mask));
+  uint32_t r = hn::GetLane(hn::MaxOfLanes(du, m));
+  for (; i < n; ++i) {
+    uint32_t b;
+    std::memcpy(&b, x + i, 4);
+    r = std::max(r, b & 0x7FFFFFFFu);
+  }
+  return r;
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace model
 }  // namespace mlakv
@@ -293,6 +414,8 @@ namespace mlakv {
 namespace model {
 
 HWY_EXPORT(EncodeRecord);
+HWY_EXPORT(TransformToken);
+HWY_EXPORT(MaxAbsBits);
 HWY_EXPORT(E4m3CodesN);
 HWY_EXPORT(E2m1CodesN);
 
@@ -306,7 +429,7 @@ void e4m3_codes_simd(const float* y, int64_t n, uint8_t* out) { HWY_DYNAMIC_DISP
 void e2m1_codes_simd(const float* y, int64_t n, uint8_t* out) { HWY_DYNAMIC_DISPATCH(E2m1CodesN)(y, n, out); }
 
 Status write_cache_records(KvCache& cache, int layer, std::span<const int64_t> slots, const float* latent,
-                           const float* rope, ThreadPool* pool) {
+                           const float* rope, ThreadPool* pool, const LatentTransformKernel* transform) {
   MLAKV_ASSIGN_OR_RETURN(CacheLayerView v, cache.layer(layer));
   const int64_t n = static_cast<int64_t>(slots.size());
   const int L = v.latent_dim, R = v.rope_dim;
@@ -320,20 +443,61 @@ Status write_cache_records(KvCache& cache, int layer, std::span<const int64_t> s
                                       slots[static_cast<std::size_t>(i)], i, v.num_slots()));
     }
   }
-  for (int64_t i = 0; i < n * L; ++i) {
+  // One vectorized pass finds max |x| (and whether anything is not finite); only then is the
+  // first bad value looked for, to name it.
+  const uint32_t lat_bits = HWY_DYNAMIC_DISPATCH(MaxAbsBits)(latent, n * L);
+  const uint32_t rope_bits = HWY_DYNAMIC_DISPATCH(MaxAbsBits)(rope, n * R);
+  for (int64_t i = 0; lat_bits >= 0x7F800000u && i < n * L; ++i) {
     if (!std::isfinite(latent[i]))
       return invalid_argument(fmt::format("layer {}: latent[{}, {}] is not finite", layer, i / L, i % L));
   }
-  for (int64_t i = 0; i < n * R; ++i) {
+  for (int64_t i = 0; rope_bits >= 0x7F800000u && i < n * R; ++i) {
     if (!std::isfinite(rope[i]))
       return invalid_argument(fmt::format("layer {}: rope[{}, {}] is not finite", layer, i / R, i % R));
+  }
+  if (transform != nullptr) {
+    if (L != kLatentDim || R != kRopeDim) {
+      return invalid_argument(fmt::format("layer {}: a latent transform needs latent {} + rope {}, the cache has {} + {}",
+                                          layer, kLatentDim, kRopeDim, L, R));
+    }
+    // |k'_j| <= 8 max |k| for the 64-point rotation; the latent's bound is the kernel's.
+    // One bound from the largest |latent| clears every token at once (the usual case);
+    // only past it is each token checked exactly.
+    float max_lat = 0.0f, max_rope = 0.0f;
+    std::memcpy(&max_lat, &lat_bits, 4);
+    std::memcpy(&max_rope, &rope_bits, 4);
+    const bool all_clear =
+        transform->scaled_input_bound(max_lat) <= LatentTransformKernel::kMaxScaledInput && max_rope <= 1e37f;
+    for (int64_t i = 0; i < n && !all_clear; ++i) {
+      if (slots[static_cast<std::size_t>(i)] < 0) continue;
+      const float m = transform->max_scaled_input(latent + i * L);
+      if (!(m <= LatentTransformKernel::kMaxScaledInput))
+        return invalid_argument(fmt::format("layer {}: token {}: max |(latent - mu) d| = {} overflows the latent "
+                                            "transform (at most {})",
+                                            layer, i, m, LatentTransformKernel::kMaxScaledInput));
+      for (int j = 0; j < R; ++j) {
+        if (std::abs(rope[i * R + j]) > 1e37f)
+          return invalid_argument(fmt::format("layer {}: rope[{}, {}] = {} overflows the RoPE rotation", layer, i, j,
+                                              rope[i * R + j]));
+      }
+    }
   }
   const bool exact = cache.config().fp8_scales == Fp8ScaleMode::kExact;
   auto one = [&](int64_t i) {
     const int64_t s = slots[static_cast<std::size_t>(i)];
     if (s < 0) return;
-    HWY_DYNAMIC_DISPATCH(EncodeRecord)(v.format, latent + i * L, L, rope + i * R, R, v.outer_scale, exact,
-                                       v.token_scale, v.data + s * v.record_bytes);
+    if (transform == nullptr) {
+      HWY_DYNAMIC_DISPATCH(EncodeRecord)(v.format, latent + i * L, L, rope + i * R, R, v.outer_scale, exact,
+                                         v.token_scale, v.data + s * v.record_bytes);
+      return;
+    }
+    alignas(64) float lat[kLatentDim];
+    alignas(64) float rp[kRopeDim];
+    HWY_DYNAMIC_DISPATCH(TransformToken)(transform->mu_data(), transform->gain_data(), transform->rotates_latent(),
+                                         transform->rotates_rope() ? transform->rope_gain_data() : nullptr,
+                                         latent + i * L, rope + i * R, lat, rp);
+    HWY_DYNAMIC_DISPATCH(EncodeRecord)(v.format, lat, L, rp, R, v.outer_scale, exact, v.token_scale,
+                                       v.data + s * v.record_bytes);
   };
   if (pool == nullptr || n < 64) {
     for (int64_t i = 0; i < n; ++i) one(i);
