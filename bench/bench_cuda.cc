@@ -16,10 +16,12 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -212,7 +214,8 @@ std::vector<Result> run_shape(KvFormat f, const Shape& sh, int reps, double copy
   return results;
 }
 
-double writer_gbps(KvFormat f, int reps, curandGenerator_t gen, bool token_scale = false) {
+// transform: the mlakv recipe's latent transform (random mu and d, both signed Hadamards).
+double writer_gbps(KvFormat f, int reps, curandGenerator_t gen, bool token_scale = false, bool transform = false) {
   const int64_t n = 262144;
   const int rb = record_bytes(f);
   uint8_t* cache;
@@ -236,10 +239,31 @@ double writer_gbps(KvFormat f, int reps, curandGenerator_t gen, bool token_scale
   v.format = f;
   v.token_scale = token_scale;
   v.device = Device::cuda(0);
+  std::optional<cuda::DeviceLatentTransform> dt;
+  if (transform) {
+    LatentTransformLayer tl = LatentTransformLayer::identity();
+    std::mt19937 rng(3);
+    std::normal_distribution<float> nd;
+    for (int d = 0; d < kLatentDim; ++d) {
+      tl.mu[static_cast<std::size_t>(d)] = 0.01f * nd(rng);
+      tl.d[static_cast<std::size_t>(d)] = std::exp(0.3f * nd(rng));
+    }
+    tl.rotate = tl.rope_rotate = true;
+    tl.sign_seed = 1;
+    tl.rope_sign_seed = 2;
+    auto k = LatentTransformKernel::create(tl);
+    check(k.status(), "transform");
+    auto up = cuda::DeviceLatentTransform::upload(*k, 0);
+    check(up.status(), "upload");
+    dt.emplace(std::move(up).value());
+    v.outer_scale = dt->outer_scale();
+  }
+  const TensorView ts = TensorView::contiguous(slots, DType::kI64, {n}, v.device);
+  const TensorView tl = TensorView::contiguous(lat, DType::kF32, {n, kLatentDim}, v.device);
+  const TensorView tr = TensorView::contiguous(rope, DType::kF32, {n, kRopeDim}, v.device);
   const double ms = time_ms(reps, [&] {
-    check(cuda::write_cache(v, TensorView::contiguous(slots, DType::kI64, {n}, v.device),
-                            TensorView::contiguous(lat, DType::kF32, {n, kLatentDim}, v.device),
-                            TensorView::contiguous(rope, DType::kF32, {n, kRopeDim}, v.device), Fp8ScaleMode::kPow2, nullptr),
+    check(dt ? cuda::write_cache(v, ts, tl, tr, Fp8ScaleMode::kPow2, *dt, nullptr)
+             : cuda::write_cache(v, ts, tl, tr, Fp8ScaleMode::kPow2, nullptr),
           "write");
   });
   cudaFree(cache);
@@ -353,12 +377,13 @@ int main(int argc, char** argv) {
   std::printf("\ncache writers (262144 tokens, f32 input, shuffled slots; bytes = input read + slot + record written):\n");
   for (const FormatInfo& fi : all_formats()) {
     if ((!only.empty() && fi.name != only) || !only_shapes.empty() || fi.format == KvFormat::kF32) continue;
-    for (const bool ts : {false, true}) {
+    for (int mode = 0; mode < 3; ++mode) {  // plain, per-token scale (nvfp4), the mlakv latent transform
+      const bool ts = mode == 1, tf = mode == 2;
       if (ts && !is_nvfp4_format(fi.format)) continue;
-      const double g = writer_gbps(fi.format, reps, gen, ts);
-      const std::string name = std::string(fi.name) + (ts ? "+token-scale" : "");
+      const double g = writer_gbps(fi.format, reps, gen, ts, tf);
+      const std::string name = std::string(fi.name) + (ts ? "+token-scale" : "") + (tf ? "+transform" : "");
       std::printf("  %-34s %8.1f GB/s (%.1f%% of copy)\n", name.c_str(), g, 100 * g / (copy * 1e3));
-      j["writers"].push_back({{"format", std::string(fi.name)}, {"token_scale", ts}, {"gbps", g}});
+      j["writers"].push_back({{"format", std::string(fi.name)}, {"token_scale", ts}, {"transform", tf}, {"gbps", g}});
     }
   }
   if (!json_path.empty()) {

@@ -22,6 +22,7 @@
 #include "mlakv/attention.h"
 #include "mlakv/cache.h"
 #include "mlakv/codec.h"
+#include "mlakv/latent_transform.h"
 #include "mlakv/status.h"
 
 namespace mlakv::cuda {
@@ -85,6 +86,44 @@ Status merge_attn_states(const TensorView& o_parts, const TensorView& lse_parts,
 //         not checked on the device (the CPU writer rejects them).
 Status write_cache(const CacheLayerView& layer, const TensorView& slots, const TensorView& latent,
                    const TensorView& rope, Fp8ScaleMode fp8_scales, void* stream, int* error_count = nullptr);
+
+// A layer's latent transform (include/mlakv/latent_transform.h, the mlakv recipe) on one
+// GPU: the factors of its LatentTransformKernel (mu, the per-dim gains, the RoPE gains)
+// uploaded once (one allocation, ~4.3 KB). The writer below applies it to every token as
+// the CPU writer does - c' = H D (c - mu), k' = H_r k_pe, the same float32 operations in
+// the same order, so the records are byte-identical - before the record format quantizes;
+// the layer's outer_scale must be the transform's s_l (as for the CPU cache).
+class DeviceLatentTransform {
+ public:
+  // Fails on a CUDA error (the message names it). The kernel's layer is validated already.
+  static StatusOr<DeviceLatentTransform> upload(const LatentTransformKernel& kernel, int device = 0);
+  DeviceLatentTransform(DeviceLatentTransform&& o) noexcept;
+  DeviceLatentTransform& operator=(DeviceLatentTransform&& o) noexcept;
+  DeviceLatentTransform(const DeviceLatentTransform&) = delete;
+  DeviceLatentTransform& operator=(const DeviceLatentTransform&) = delete;
+  ~DeviceLatentTransform();
+
+  int device() const { return device_; }
+  const float* mu() const { return data_; }                                        // [512]
+  const float* gain() const { return data_ + kLatentDim; }                         // [512]
+  const float* rope_gain() const { return rope_rotate_ ? data_ + 2 * kLatentDim : nullptr; }  // [64]
+  bool rotate() const { return rotate_; }
+  bool rope_rotate() const { return rope_rotate_; }
+  float outer_scale() const { return outer_scale_; }  // the transform's s_l
+
+ private:
+  DeviceLatentTransform() = default;
+  float* data_ = nullptr;
+  int device_ = 0;
+  bool rotate_ = false, rope_rotate_ = false;
+  float outer_scale_ = 1.0f;
+};
+
+// write_cache with the layer's latent transform applied first (transform on the cache's
+// GPU; the layer's outer_scale equal to transform.outer_scale() where the format has one).
+Status write_cache(const CacheLayerView& layer, const TensorView& slots, const TensorView& latent,
+                   const TensorView& rope, Fp8ScaleMode fp8_scales, const DeviceLatentTransform& transform,
+                   void* stream, int* error_count = nullptr);
 
 // ---- memory ------------------------------------------------------------------------------
 // cudaMalloc-backed segments for CachingAllocator; a capacity models a smaller GPU.

@@ -46,6 +46,7 @@
 #include "mlakv/eval_stats.h"
 #include "mlakv/cuda_layer.h"
 #include "mlakv/hf_config.h"
+#include "mlakv/latent_transform.h"
 #include "mlakv/mla_layer.h"
 #include "mlakv/safetensors.h"
 #include "../support/attention_case.h"
@@ -880,6 +881,106 @@ TEST_F(Cuda, WritersAreByteIdenticalToTheCpuCodecs) {
         for (std::size_t k = 0; k < got.size(); ++k) {
           ASSERT_EQ(got[k], want[k]) << "byte " << k << " (slot " << k / static_cast<std::size_t>(rb) << ", offset "
                                      << k % static_cast<std::size_t>(rb) << ")";
+        }
+      }
+    }
+  }
+}
+
+// The writers with a latent transform (the mlakv recipe) write exactly the CPU's records:
+// LatentTransformKernel::latent / rope (the spec), then the scalar codec.
+TEST_F(Cuda, WritersApplyTheLatentTransformAsTheCpu) {
+  const int n = 200;
+  std::mt19937 rng(17);
+  std::normal_distribution<float> nd;
+  std::vector<float> lat(static_cast<std::size_t>(n) * kLatentDim), rope(static_cast<std::size_t>(n) * kRopeDim);
+  for (std::size_t i = 0; i < lat.size(); ++i) lat[i] = nd(rng) * (i % 512 < 32 ? 3.0f : 0.2f) + 0.05f;
+  for (float& x : rope) x = nd(rng);
+  std::vector<uint16_t> lat16, rope16;
+  for (float x : lat) lat16.push_back(f32_to_bf16(x));
+  for (float x : rope) rope16.push_back(f32_to_bf16(x));
+  const int64_t cap = 256;
+  std::vector<int64_t> slots(static_cast<std::size_t>(n));
+  std::vector<int64_t> perm(static_cast<std::size_t>(cap));
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  for (int i = 0; i < n; ++i) slots[static_cast<std::size_t>(i)] = perm[static_cast<std::size_t>(i)];
+  for (int variant = 0; variant < 3; ++variant) {  // both rotations; latent only; centre + scale only
+    LatentTransformLayer tl = LatentTransformLayer::identity();
+    for (int d = 0; d < kLatentDim; ++d) {
+      tl.mu[static_cast<std::size_t>(d)] = 0.05f + 0.01f * nd(rng);
+      tl.d[static_cast<std::size_t>(d)] = std::exp(0.5f * nd(rng));
+    }
+    tl.rotate = variant < 2;
+    tl.sign_seed = 1234;
+    tl.rope_rotate = variant == 0;
+    tl.rope_sign_seed = 99;
+    tl.outer_scale = 0.7f;
+    auto kernel = LatentTransformKernel::create(tl);
+    ASSERT_TRUE(kernel.ok()) << kernel.status().to_string();
+    auto dt = cuda::DeviceLatentTransform::upload(*kernel, 0);
+    ASSERT_TRUE(dt.ok()) << dt.status().to_string();
+    for (KvFormat f : kFormats) {
+      for (bool bf16_in : {false, true}) {
+        SCOPED_TRACE(fmt::format("{} {} input, variant {}", format_name(f), bf16_in ? "bf16" : "f32", variant));
+        const float outer = format_info(f).has_outer_scale ? tl.outer_scale : 1.0f;
+        const int rb = record_bytes(f);
+        std::vector<uint8_t> want(static_cast<std::size_t>(cap) * rb, 0xAB);
+        for (int i = 0; i < n; ++i) {
+          float l[kLatentDim], r[kRopeDim], lt[kLatentDim], rt[kRopeDim];
+          for (int d = 0; d < kLatentDim; ++d) {
+            const std::size_t k = static_cast<std::size_t>(i * kLatentDim + d);
+            l[d] = bf16_in ? bf16_to_f32(lat16[k]) : lat[k];
+          }
+          for (int d = 0; d < kRopeDim; ++d) {
+            const std::size_t k = static_cast<std::size_t>(i * kRopeDim + d);
+            r[d] = bf16_in ? bf16_to_f32(rope16[k]) : rope[k];
+          }
+          kernel->latent(l, lt);
+          kernel->rope(r, rt);
+          codec::encode_record(f, lt, rt, outer, Fp8ScaleMode::kPow2, want.data() + slots[static_cast<std::size_t>(i)] * rb,
+                               false);
+        }
+        DeviceBuffer<uint8_t> d_cache(want.size());
+        CUDA_OK(cudaMemset(d_cache.ptr, 0xAB, want.size()));
+        DeviceBuffer<int64_t> d_slots(slots.size());
+        d_slots.upload(slots);
+        DeviceBuffer<float> d_lat(lat.size()), d_rope(rope.size());
+        DeviceBuffer<uint16_t> d_lat16(lat16.size()), d_rope16(rope16.size());
+        d_lat.upload(lat);
+        d_rope.upload(rope);
+        d_lat16.upload(lat16);
+        d_rope16.upload(rope16);
+        CacheLayerView v;
+        v.data = d_cache.ptr;
+        v.num_blocks = cap / 16;
+        v.block_size = 16;
+        v.record_bytes = rb;
+        v.format = f;
+        v.outer_scale = outer;
+        v.device = Device::cuda(0);
+        const auto ty = bf16_in ? DType::kBF16 : DType::kF32;
+        const Status st = cuda::write_cache(
+            v, TensorView::contiguous(d_slots.ptr, DType::kI64, {n}, Device::cuda(0)),
+            TensorView::contiguous(bf16_in ? static_cast<void*>(d_lat16.ptr) : d_lat.ptr, ty, {n, kLatentDim}, Device::cuda(0)),
+            TensorView::contiguous(bf16_in ? static_cast<void*>(d_rope16.ptr) : d_rope.ptr, ty, {n, kRopeDim}, Device::cuda(0)),
+            Fp8ScaleMode::kPow2, *dt, nullptr);
+        ASSERT_TRUE(st.ok()) << st.to_string();
+        CUDA_OK(cudaDeviceSynchronize());
+        const auto got = d_cache.download();
+        for (std::size_t k = 0; k < got.size(); ++k) {
+          ASSERT_EQ(got[k], want[k]) << "byte " << k << " (slot " << k / static_cast<std::size_t>(rb) << ", offset "
+                                     << k % static_cast<std::size_t>(rb) << ")";
+        }
+        if (format_info(f).has_outer_scale) {  // an outer scale other than the transform's s_l is refused
+          CacheLayerView w = v;
+          w.outer_scale = 1.0f;
+          const Status bad = cuda::write_cache(
+              w, TensorView::contiguous(d_slots.ptr, DType::kI64, {n}, Device::cuda(0)),
+              TensorView::contiguous(d_lat.ptr, DType::kF32, {n, kLatentDim}, Device::cuda(0)),
+              TensorView::contiguous(d_rope.ptr, DType::kF32, {n, kRopeDim}, Device::cuda(0)), Fp8ScaleMode::kPow2,
+              *dt, nullptr);
+          EXPECT_NE(bad.message().find("transform's s_l"), std::string::npos) << bad.to_string();
         }
       }
     }

@@ -1,7 +1,10 @@
 // The CUDA cache-writer API: validation on the host, one kernel launch.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <utility>
+#include <vector>
 
 #include "cuda/common/status.h"
 #include "cuda/smxx/launch.h"
@@ -9,8 +12,11 @@
 
 namespace mlakv::cuda {
 
-Status write_cache(const CacheLayerView& layer, const TensorView& slots, const TensorView& latent,
-                   const TensorView& rope, Fp8ScaleMode fp8_scales, void* stream, int* error_count) {
+namespace {
+
+Status write_cache_impl(const CacheLayerView& layer, const TensorView& slots, const TensorView& latent,
+                        const TensorView& rope, Fp8ScaleMode fp8_scales, const DeviceLatentTransform* transform,
+                        void* stream, int* error_count) {
   MLAKV_RETURN_IF_ERROR(check_cache_view(layer, "cache"));
   if (layer.device.type != DeviceType::kCuda) {
     return invalid_argument(fmt::format("cache: expected a CUDA cache layer, got {}", device_name(layer.device)));
@@ -40,8 +46,88 @@ Status write_cache(const CacheLayerView& layer, const TensorView& slots, const T
                           rope.data,
                           rope.stride(0),
                           latent.dtype == DType::kBF16,
-                          error_count};
+                          error_count,
+                          nullptr,
+                          nullptr,
+                          nullptr,
+                          false};
+  if (transform != nullptr) {
+    if (transform->device() != layer.device.index) {
+      return invalid_argument(fmt::format("transform: uploaded to cuda:{}, the cache is on {}", transform->device(),
+                                          device_name(layer.device)));
+    }
+    if (format_info(layer.format).has_outer_scale && !layer.token_scale && layer.outer_scale != transform->outer_scale()) {
+      return invalid_argument(fmt::format("cache: outer_scale {} is not the transform's s_l {} (the records would be "
+                                          "scaled by one and read back with the other)",
+                                          layer.outer_scale, transform->outer_scale()));
+    }
+    p.t_mu = transform->mu();
+    p.t_gain = transform->gain();
+    p.t_rope_gain = transform->rope_gain();
+    p.t_rotate = transform->rotate();
+  }
   return cuda_status(kernels::launch_write_cache(layer.format, p, stream), "write_cache_kernel");
+}
+
+}  // namespace
+
+Status write_cache(const CacheLayerView& layer, const TensorView& slots, const TensorView& latent,
+                   const TensorView& rope, Fp8ScaleMode fp8_scales, void* stream, int* error_count) {
+  return write_cache_impl(layer, slots, latent, rope, fp8_scales, nullptr, stream, error_count);
+}
+
+Status write_cache(const CacheLayerView& layer, const TensorView& slots, const TensorView& latent,
+                   const TensorView& rope, Fp8ScaleMode fp8_scales, const DeviceLatentTransform& transform,
+                   void* stream, int* error_count) {
+  return write_cache_impl(layer, slots, latent, rope, fp8_scales, &transform, stream, error_count);
+}
+
+// ---- DeviceLatentTransform ----------------------------------------------------------------
+
+StatusOr<DeviceLatentTransform> DeviceLatentTransform::upload(const LatentTransformKernel& kernel, int device) {
+  // [mu (512) | gain (512) | rope gain (64, when the rope rotates)]
+  std::vector<float> host(2 * kLatentDim + kRopeDim, 0.0f);
+  std::copy_n(kernel.mu_data(), kLatentDim, host.data());
+  std::copy_n(kernel.gain_data(), kLatentDim, host.data() + kLatentDim);
+  if (kernel.rotates_rope()) std::copy_n(kernel.rope_gain_data(), kRopeDim, host.data() + 2 * kLatentDim);
+  int prev = 0;
+  MLAKV_CUDA_RETURN_IF_ERROR(cudaGetDevice(&prev));
+  MLAKV_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  DeviceLatentTransform t;
+  t.device_ = device;
+  t.rotate_ = kernel.rotates_latent();
+  t.rope_rotate_ = kernel.rotates_rope();
+  t.outer_scale_ = kernel.layer().outer_scale;
+  Status st = MLAKV_CUDA_STATUS(cudaMalloc(&t.data_, host.size() * sizeof(float)));
+  if (st.ok()) {
+    st = MLAKV_CUDA_STATUS(cudaMemcpy(t.data_, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
+  }
+  (void)cudaSetDevice(prev);
+  if (!st.ok()) return st;  // t's destructor frees what was allocated
+  return t;
+}
+
+DeviceLatentTransform::DeviceLatentTransform(DeviceLatentTransform&& o) noexcept
+    : data_(std::exchange(o.data_, nullptr)),
+      device_(o.device_),
+      rotate_(o.rotate_),
+      rope_rotate_(o.rope_rotate_),
+      outer_scale_(o.outer_scale_) {}
+
+DeviceLatentTransform& DeviceLatentTransform::operator=(DeviceLatentTransform&& o) noexcept {
+  if (this != &o) {
+    if (data_ != nullptr) cudaFree(data_);
+    data_ = std::exchange(o.data_, nullptr);
+    device_ = o.device_;
+    rotate_ = o.rotate_;
+    rope_rotate_ = o.rope_rotate_;
+    outer_scale_ = o.outer_scale_;
+  }
+  return *this;
+}
+
+DeviceLatentTransform::~DeviceLatentTransform() {
+  if (data_ != nullptr) cudaFree(data_);
 }
 
 }  // namespace mlakv::cuda

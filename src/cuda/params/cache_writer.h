@@ -23,6 +23,12 @@ struct WriterParams {
   int64_t rope_stride;
   bool bf16_input;
   int* error_count;        // [1] i32 on the device, or null: += 1 per slot past the layer
+  // The latent transform (DeviceLatentTransform), or all null: c' = (c - mu) * gain, then
+  // the 512-point butterflies when t_rotate; k' = k * t_rope_gain, then the 64-point ones.
+  const float* t_mu = nullptr;         // [512] device
+  const float* t_gain = nullptr;       // [512] device
+  const float* t_rope_gain = nullptr;  // [64] device, or null: rope unrotated
+  bool t_rotate = false;
 };
 
 }  // namespace mlakv::cuda::kernels

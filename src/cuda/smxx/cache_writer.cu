@@ -75,6 +75,52 @@ __device__ __forceinline__ void load_run(const void* base, int64_t off, bool bf1
   }
 }
 
+// The latent transform (DeviceLatentTransform), bit-identical to LatentTransformKernel::
+// latent / rope: (c - mu) * gain, then fwht's butterflies in its order (h = 1, 2, 4, ...;
+// the lower element of a pair gets a + b, the upper a - b). Lane l holds dims
+// [16l, 16l + 16) of the latent - stages h < 16 inside the lane, h = 16m across lanes
+// l and l ^ m - and dims [2l, 2l + 2) of the rope (h = 1 inside, h = 2m across).
+__device__ __forceinline__ void butterflies_across_lanes(float* x, int n, int lane, int first_mask) {
+  for (int m = first_mask; m < 32; m *= 2) {
+#pragma unroll
+    for (int i = 0; i < n; ++i) {
+      const float o = __shfl_xor_sync(0xFFFFFFFFu, x[i], m);
+      x[i] = (lane & m) ? __fsub_rn(o, x[i]) : __fadd_rn(x[i], o);
+    }
+  }
+}
+
+__device__ __forceinline__ void transform_latent(const WriterParams& p, int lane, float (&x)[record::kLaneLatentDims]) {
+  constexpr int n = record::kLaneLatentDims;
+  float mu[n], g[n];
+  load_run(p.t_mu, int64_t{n} * lane, false, mu);
+  load_run(p.t_gain, int64_t{n} * lane, false, g);
+#pragma unroll
+  for (int i = 0; i < n; ++i) x[i] = __fmul_rn(__fsub_rn(x[i], mu[i]), g[i]);
+  if (!p.t_rotate) return;
+#pragma unroll
+  for (int h = 1; h < n; h *= 2) {
+#pragma unroll
+    for (int i = 0; i < n; ++i) {
+      if (i & h) continue;
+      const float a = x[i], b = x[i + h];
+      x[i] = __fadd_rn(a, b);
+      x[i + h] = __fsub_rn(a, b);
+    }
+  }
+  butterflies_across_lanes(x, n, lane, 1);
+}
+
+__device__ __forceinline__ void transform_rope(const WriterParams& p, int lane, float (&r)[record::kLaneRopeDims]) {
+  if (p.t_rope_gain == nullptr) return;
+  float g[2];
+  load_run(p.t_rope_gain, int64_t{2} * lane, false, g);
+  const float a = __fmul_rn(r[0], g[0]), b = __fmul_rn(r[1], g[1]);
+  r[0] = __fadd_rn(a, b);
+  r[1] = __fsub_rn(a, b);
+  butterflies_across_lanes(r, 2, lane, 1);
+}
+
 __device__ __forceinline__ float warp_max(float v, int width) {
   for (int o = width / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, o, width));
   return v;
@@ -98,6 +144,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) write_cache_kernel(Writer
     // Lane l: latent dims [16l, 16l+16) -> bytes [32l, 32l+32); rope dims [2l, 2l+2).
     float x[kLaneDims];
     load_run(p.latent, lo + kLaneDims * lane, p.bf16_input, x);
+    if (p.t_gain != nullptr) transform_latent(p, lane, x);
     uint32_t w[kLaneDims / 2];
 #pragma unroll
     for (int k = 0; k < kLaneDims / 2; ++k) {
@@ -108,6 +155,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) write_cache_kernel(Writer
     dst[1] = make_uint4(w[4], w[5], w[6], w[7]);
     float r[kLaneRope];
     load_run(p.rope, ro + kLaneRope * lane, p.bf16_input, r);
+    if (p.t_gain != nullptr) transform_rope(p, lane, r);
     reinterpret_cast<uint32_t*>(rec + record::Parts<F>::kRopeOffset)[lane] =
         static_cast<uint32_t>(f32_to_bf16(r[0])) | (static_cast<uint32_t>(f32_to_bf16(r[1])) << 16);
   } else if constexpr (F == KvFormat::kFp8DsMla) {
@@ -117,6 +165,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) write_cache_kernel(Writer
     // Lane l: dims [16l, 16l+16); tile = l / 8.
     float x[kLaneDims];
     load_run(p.latent, lo + kLaneDims * lane, p.bf16_input, x);
+    if (p.t_gain != nullptr) transform_latent(p, lane, x);
     float amax = 0.0f;
 #pragma unroll
     for (int i = 0; i < kLaneDims; ++i) amax = fmaxf(amax, fabsf(x[i]));
@@ -135,6 +184,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) write_cache_kernel(Writer
     }
     float r[kLaneRope];
     load_run(p.rope, ro + kLaneRope * lane, p.bf16_input, r);
+    if (p.t_gain != nullptr) transform_rope(p, lane, r);
     const uint32_t r2 = static_cast<uint32_t>(f32_to_bf16(r[0])) | (static_cast<uint32_t>(f32_to_bf16(r[1])) << 16);
     reinterpret_cast<uint32_t*>(rec + P::kRopeOffset)[lane] = r2;
   } else {
@@ -145,6 +195,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) write_cache_kernel(Writer
     // Lane g: group g (dims [16g, 16g+16)) -> bytes [8g, 8g+8) and scale byte 256+g.
     float x[kLaneDims];
     load_run(p.latent, lo + kLaneDims * lane, p.bf16_input, x);
+    if (p.t_gain != nullptr) transform_latent(p, lane, x);
     float lane_amax = 0.0f;
 #pragma unroll
     for (int i = 0; i < kLaneDims; ++i) lane_amax = fmaxf(lane_amax, fabsf(x[i]));
@@ -176,6 +227,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) write_cache_kernel(Writer
     const uint32_t ts_bits = p.token_scale ? f32_bits(s) : 0u;
     float r[kLaneRope];
     load_run(p.rope, ro + kLaneRope * lane, p.bf16_input, r);
+    if (p.t_gain != nullptr) transform_rope(p, lane, r);
     const float v0 = r[0], v1 = r[1];
     if constexpr (F == KvFormat::kNvfp4DsMla) {
       static_assert(record::kTokenScaleOffset == P::kPadOffset + 4, "432 B: s_t is the pad's second u32");
