@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <memory>
 #include <sstream>
 
 #include "cli/cli.h"
@@ -57,70 +58,38 @@ Status run_eval(const EvalArgs& a) {
   else if (!a.text.empty() || a.needle > 0) return t.status();
   MLAKV_ASSIGN_OR_RETURN(std::vector<int32_t> ids, input_tokens(a.text, a.tokens, tok ? &*tok : nullptr,
                                                                 model->vocab_size()));
-  const int64_t max_pos = model->config().max_position_embeddings;
-  if (max_pos > 0 && a.context > max_pos) {
-    return invalid_argument(fmt::format("--context {} exceeds the model's max_position_embeddings ({})", a.context,
-                                        max_pos));
-  }
-  // Check the windows first: too little input is an error before any work.
-  MLAKV_RETURN_IF_ERROR(eval_windows(ids, a.context, a.windows).status());
-
-  // Scales: none, a file, or calibrated on the text after the eval windows.
-  OuterScales scales;
-  std::string scales_label;
-  if (a.scales == "auto") {
-    const int64_t skip = a.context * a.windows;
-    auto s = calibrate_outer_scales(*model, ids, a.context, a.calib_windows, skip,
-                                    [&, pr = std::make_shared<Progress>("calibrating on text after the eval windows",
-                                                                        a.calib_windows, progress)](
-                                        std::string_view, int64_t d, int64_t) { pr->update(d); });
-    if (!s.ok()) return s.status().with_context("--scales auto (calibration windows follow the eval windows)");
-    scales = std::move(s).value();
-    scales_label = "auto";
-  } else if (!a.scales.empty()) {
-    MLAKV_ASSIGN_OR_RETURN(scales, load_outer_scales(a.scales));
-    scales_label = fs::path(a.scales).filename().string();
-    if (scales.num_layers() < model->num_layers()) {
-      return invalid_argument(fmt::format("--scales {}: {} layers, the model has {}", a.scales, scales.num_layers(),
-                                          model->num_layers()));
-    }
-  }
-  std::vector<EvalCacheSpec> specs;
-  for (KvFormat f : formats) {
-    specs.push_back({f, {}, "none"});
-    if (!scales_label.empty() && format_info(f).has_outer_scale) specs.push_back({f, scales, scales_label});
-  }
-  EvalReport rep;
-  {
-    Progress pr(fmt::format("teacher-forced eval: {} windows x {} tokens, reference + {} caches", a.windows,
-                            a.context, specs.size()),
-                a.windows * static_cast<int64_t>(1 + specs.size()), progress);
-    MLAKV_ASSIGN_OR_RETURN(rep, evaluate(*model, ids, specs,
-                                         EvalOptions{.context = a.context, .windows = a.windows,
-                                                     .block_size = a.block_size,
-                                                     .progress = [&](std::string_view, int64_t d, int64_t) {
-                                                       pr.update(d);
-                                                     }}));
-  }
-  if (a.needle > 0) {
-    if (max_pos <= 0) return invalid_argument("--needle needs max_position_embeddings in the model's config.json");
-    MLAKV_ASSIGN_OR_RETURN(std::vector<NeedleTrial> trials, make_needle_trials(*tok, ids, max_pos, a.needle));
-    Progress pr(fmt::format("needles: {} trials x {} caches (greedy decode)", a.needle, specs.size() + 1),
-                static_cast<int64_t>(trials.size() * (specs.size() + 1)), progress);
-    int64_t done = 0;
-    for (const NeedleTrial& t : trials) {
-      MLAKV_ASSIGN_OR_RETURN(NeedleAnswer r, run_needle_trial(*model, *tok, t, nullptr, a.block_size));
-      rep.reference_needle_found += r.found;
-      ++rep.reference_needle_total;
-      pr.update(++done);
-      for (std::size_t i = 0; i < specs.size(); ++i) {
-        MLAKV_ASSIGN_OR_RETURN(NeedleAnswer q, run_needle_trial(*model, *tok, t, &specs[i], a.block_size));
-        rep.rows[i].needle_found += q.found;
-        ++rep.rows[i].needle_total;
-        pr.update(++done);
+  // One progress bar per stage, made when the stage reports first.
+  std::string stage;
+  std::unique_ptr<Progress> pr;
+  EvalRequest req;
+  req.formats = formats;
+  req.scales = a.scales;
+  req.context = a.context;
+  req.windows = a.windows;
+  req.calib_windows = a.calib_windows;
+  req.needle = a.needle;
+  req.block_size = a.block_size;
+  req.progress = [&](std::string_view what, int64_t done, int64_t total) {
+    if (what != stage) {
+      stage = std::string(what);
+      std::string label;
+      if (what == "calibration") label = "calibrating on text after the eval windows";
+      else if (what == "eval") {
+        label = fmt::format("teacher-forced eval: {} windows x {} tokens, reference + {} caches", a.windows, a.context,
+                            total / std::max<int64_t>(a.windows, 1) - 1);
+      } else {
+        label = fmt::format("needles: {} trials x {} caches (greedy decode)", a.needle,
+                            total / std::max(a.needle, 1));
       }
+      pr.reset();
+      pr = std::make_unique<Progress>(label, total, progress);
     }
-  }
+    pr->update(done);
+  };
+  auto report = eval_model(*model, tok ? &*tok : nullptr, ids, req);
+  pr.reset();
+  if (!report.ok()) return report.status();
+  EvalReport rep = std::move(report).value();
   if (!a.plot.empty()) {
     const std::string svg = eval_plot_svg(
         rep, fmt::format("mlakv eval: {} ({} windows x {} tokens)", fs::path(a.model).filename().string(), a.windows,
@@ -129,36 +98,7 @@ Status run_eval(const EvalArgs& a) {
   }
   const double ref_tps = rep.reference_seconds > 0 ? rep.reference_tokens / rep.reference_seconds : 0;
   if (a.json) {
-    nlohmann::json j;
-    j["model"] = a.model;
-    j["context"] = a.context;
-    j["windows"] = a.windows;
-    j["positions"] = rep.reference.count();
-    j["reference"] = {{"ppl", rep.reference.ppl_ref()},
-                      {"bits_per_token", rep.reference.bits_per_token_q()},
-                      {"tokens_per_s", ref_tps},
-                      {"needle_found", rep.reference_needle_found},
-                      {"needle_total", rep.reference_needle_total}};
-    nlohmann::json rows = nlohmann::json::array();
-    for (const EvalRow& r : rep.rows) {
-      nlohmann::json b = nlohmann::json::array();
-      for (double v : r.kld.kld_by_bucket()) b.push_back(std::isfinite(v) ? nlohmann::json(v) : nlohmann::json());
-      rows.push_back({{"format", format_name(r.spec.format)},
-                      {"record_bytes", record_bytes(r.spec.format)},
-                      {"scales", r.spec.scales_label},
-                      {"kld_mean", r.kld.kld_mean()},
-                      {"kld_p99", r.kld.kld_p99()},
-                      {"kld_max", r.kld.kld_max()},
-                      {"kld_by_position_bucket", b},
-                      {"top1_agree", r.kld.top1_agree()},
-                      {"ppl", r.kld.ppl_q()},
-                      {"bits_per_token", r.kld.bits_per_token_q()},
-                      {"tokens_per_s", r.seconds > 0 ? r.tokens / r.seconds : 0},
-                      {"needle_found", r.needle_found},
-                      {"needle_total", r.needle_total}});
-    }
-    j["formats"] = rows;
-    print_json(j);
+    fmt::print("{}\n", eval_report_json(rep, a.model, a.context, a.windows));
     return Status::Ok();
   }
   fmt::print("mlakv eval: {} ({}, {} layers), {} windows x {} tokens ({} positions scored)\n", a.model,
