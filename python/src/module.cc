@@ -49,13 +49,27 @@ namespace {
 
 // ---- errors -----------------------------------------------------------------------------
 
-// A failed Status becomes the Python exception of its kind, with the library's message.
+// Thrown where the GIL may be released; the translator registered in NB_MODULE raises
+// `type` (a builtin exception class) with the message once the GIL is held again.
+struct TypedError {
+  PyObject* type;
+  std::string message;
+};
+[[noreturn]] void py_raise(PyObject* type, const std::string& m) { throw TypedError{type, m}; }
+
+// A failed Status becomes the Python exception of its kind, with the library's message:
+// kInvalidArgument ValueError, kOutOfRange IndexError, kResourceExhausted MemoryError,
+// kNotFound FileNotFoundError (a file, tensor or key that does not exist), kIoError OSError,
+// kUnimplemented NotImplementedError, anything else RuntimeError.
 [[noreturn]] void raise(const Status& s) {
   const std::string& m = s.message();
   switch (s.code()) {
     case StatusCode::kInvalidArgument: throw nb::value_error(m.c_str());
     case StatusCode::kOutOfRange: throw nb::index_error(m.c_str());
-    case StatusCode::kResourceExhausted: throw std::bad_alloc();
+    case StatusCode::kResourceExhausted: py_raise(PyExc_MemoryError, m);
+    case StatusCode::kNotFound: py_raise(PyExc_FileNotFoundError, m);
+    case StatusCode::kIoError: py_raise(PyExc_OSError, m);
+    case StatusCode::kUnimplemented: py_raise(PyExc_NotImplementedError, m);
     default: throw std::runtime_error(m);
   }
 }
@@ -978,6 +992,13 @@ using namespace mlakv::python;
 
 NB_MODULE(_core, m) {
   m.doc() = "mlakv: MLA attention over compressed, paged KV caches (C++ core)";
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const TypedError& e) {
+      PyErr_SetString(e.type, e.message.c_str());
+    }
+  });
 
   m.def("formats", [] {
     nb::list out;
