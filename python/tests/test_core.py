@@ -285,3 +285,12 @@ def test_torch_tensors_cross_without_copies(rng):
     mlakv.mla_decode(q, mlakv.cache_layer(kv, "nvfp4_ds_mla"), torch.tensor([[0]], dtype=torch.int32),
                      torch.tensor([4], dtype=torch.int32), softmax_scale=0.1, out=out, lse=lse)
     assert torch.isfinite(out).all()
+
+
+@pytest.mark.skipif(mlakv.cuda_available(), reason="checks the build without the CUDA backend")
+def test_decode_plan_without_cuda_names_the_problem():
+    kv = np.zeros((2, 16, 656), np.uint8)
+    q = np.zeros((1, 1, 4, 576), np.float32)
+    with pytest.raises(ValueError, match="no CUDA backend.*mla_decode"):
+        mlakv.DecodePlan(q, mlakv.cache_layer(kv, "fp8_ds_mla"), np.zeros((1, 2), np.int32), np.ones(1, np.int32),
+                         softmax_scale=0.1, out=np.zeros((1, 1, 4, 512), np.float32), lse=np.zeros((1, 1, 4), np.float32))
