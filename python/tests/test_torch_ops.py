@@ -149,31 +149,44 @@ RAW_CASES = {
 
 
 @needs_ops
-@pytest.mark.parametrize("case", sorted(RAW_CASES))
-def test_raw_ops_raise_on_bad_arguments(case):
+@pytest.mark.parametrize("device", DEVICES)
+def test_raw_ops_raise_on_bad_arguments(device):
     # torch.ops.mlakv.* called directly (not through the checking wrappers): the kernel's
     # STD_TORCH_CHECK throws, and torch turns it into a RuntimeError naming the argument.
-    # In a child process, so that a crash fails this test instead of killing pytest.
+    # In a child process, so that a crash fails this test (naming the case it died in)
+    # instead of killing pytest.
     import os
     import subprocess
     import sys
-    call, names = RAW_CASES[case]
+    cases = dict(RAW_CASES)
+    if device == "cuda":
+        del cases["nan"]  # the CUDA writer does not check for non-finite inputs (include/mlakv/cuda.h)
+        cases["device_mismatch"] = ("torch.ops.mlakv.write_cache(kv, slots.cpu(), lat, rope, F, 1.0, False)", "slots")
+    elif "cuda" in DEVICES:
+        cases["device_mismatch"] = ("torch.ops.mlakv.write_cache(kv, slots.cuda(), lat, rope, F, 1.0, False)", "slots")
+    body = "".join(f"""
+print("case {name}:", end=" ", flush=True)
+try:
+    {call}
+    print("NO ERROR", flush=True)
+except RuntimeError as e:
+    print("RuntimeError:", str(e).splitlines()[0], flush=True)
+""" for name, (call, _) in cases.items())
     code = f"""
 import faulthandler, torch, mlakv.torch_ops as ops
 faulthandler.enable()
 F = ops.FORMATS["fp8_ds_mla"]
-kv = torch.zeros(3, 64, 656, dtype=torch.uint8)
-slots, lat, rope = torch.arange(150), torch.randn(150, 512), torch.randn(150, 64)
-q = torch.randn(1, 1, 16, 576)
-table, sl = torch.arange(3, dtype=torch.int32).view(1, 3), torch.tensor([150], dtype=torch.int32)
-out, lse = torch.empty(1, 1, 16, 512), torch.empty(1, 1, 16)
-try:
-    {call}
-    print("NO ERROR")
-except RuntimeError as e:
-    print("RuntimeError:", str(e).splitlines()[0])
-"""
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                       env=dict(os.environ))
+d = "{device}"
+kv = torch.zeros(3, 64, 656, dtype=torch.uint8, device=d)
+slots, lat, rope = torch.arange(150, device=d), torch.randn(150, 512, device=d), torch.randn(150, 64, device=d)
+q = torch.randn(1, 1, 16, 576, device=d)
+table = torch.arange(3, dtype=torch.int32, device=d).view(1, 3)
+sl = torch.tensor([150], dtype=torch.int32, device=d)
+out, lse = torch.empty(1, 1, 16, 512, device=d), torch.empty(1, 1, 16, device=d)
+""" + body + "print('all cases ran', flush=True)\n"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=dict(os.environ))
     assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout}\n{r.stderr[-3000:]}"
-    assert r.stdout.startswith("RuntimeError:") and names in r.stdout, r.stdout
+    lines = dict(line.split(": ", 1) for line in r.stdout.splitlines() if line.startswith("case "))
+    for name, (_, names) in cases.items():
+        got = lines.get(f"case {name}", "")
+        assert got.startswith("RuntimeError:") and names in got, (name, got)
