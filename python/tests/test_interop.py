@@ -130,7 +130,9 @@ def test_vllm_kv_cache_torch_tensor_in_place(rng):
     # vLLM's slot_mapping: int64 slot ids, -1 for padded tokens.
     slots = torch.randperm(nb * bs)[:40]
     slots[5] = -1
-    mlakv.write_cache(kv, slots, torch.from_numpy(lat), torch.from_numpy(rope).to(torch.bfloat16), format=fmt)
+    # bf16 inputs, as a serving engine hands them (kv_c_normed and k_pe in the model dtype).
+    mlakv.write_cache(kv, slots, torch.from_numpy(lat).to(torch.bfloat16), torch.from_numpy(rope).to(torch.bfloat16),
+                      format=fmt)
     assert kv.data_ptr() == ptr
     flat = kv.view(-1, kv.shape[-1]).numpy()
     live = slots.numpy() >= 0
