@@ -341,7 +341,7 @@ nb::object mla_decode(const AnyArray& q, const CacheLayer& layer, std::optional<
       if (!workspace) {
         throw nb::value_error(("workspace: num_splits > 1 needs a CUDA uint8 workspace of " +
                                std::to_string(plan.workspace_bytes) +
-                               " bytes (mlakv.decode_workspace_bytes gives the size)").c_str());
+                               " bytes (mlakv.DecodePlan(...).workspace_bytes gives the size for a shape)").c_str());
       }
       const TensorView w = view_of(*workspace, "workspace");
       if (w.device != p.cache.device || w.dtype != DType::kU8 || !w.is_contiguous() ||

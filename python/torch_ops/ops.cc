@@ -114,7 +114,7 @@ void run_attention(MlaAttentionParams& p, int64_t num_splits, const std::optiona
   void* ws = nullptr;
   if (plan->workspace_bytes > 0) {
     STD_TORCH_CHECK(workspace.has_value(), "workspace: num_splits > 1 needs a CUDA uint8 workspace of ",
-                    plan->workspace_bytes, " bytes (mlakv.torch_ops.workspace_bytes)");
+                    plan->workspace_bytes, " bytes (mlakv.DecodePlan(...).workspace_bytes gives the size for a shape)");
     const TensorView w = view(*workspace, "workspace");
     STD_TORCH_CHECK(w.device == p.cache.device && w.dtype == DType::kU8 && w.is_contiguous() &&
                         static_cast<size_t>(w.numel()) >= plan->workspace_bytes,
