@@ -287,11 +287,13 @@ def test_torch_tensors_cross_without_copies(rng):
     assert torch.isfinite(out).all()
 
 
-@pytest.mark.skipif(mlakv.cuda_available(), reason="checks the build without the CUDA backend")
-def test_decode_plan_without_cuda_names_the_problem():
+def test_decode_plan_on_cpu_names_the_problem():
+    # DecodePlan is CUDA's plan/run: a build without the CUDA backend says so; a CUDA build
+    # refuses a CPU cache layer (the CPU path is mla_decode).
     kv = np.zeros((2, 16, 656), np.uint8)
     q = np.zeros((1, 1, 4, 576), np.float32)
-    with pytest.raises(ValueError, match="no CUDA backend.*mla_decode"):
+    expect = "DecodePlan is for CUDA cache layers" if mlakv.cuda_available() else "no CUDA backend.*mla_decode"
+    with pytest.raises(ValueError, match=expect):
         mlakv.DecodePlan(q, mlakv.cache_layer(kv, "fp8_ds_mla"), np.zeros((1, 2), np.int32), np.ones(1, np.int32),
                          softmax_scale=0.1, out=np.zeros((1, 1, 4, 512), np.float32), lse=np.zeros((1, 1, 4), np.float32))
 
