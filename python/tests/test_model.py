@@ -189,7 +189,7 @@ def test_the_gil_is_released_during_eval(text):
     t.start()
     try:
         t0 = time.perf_counter()
-        m.eval(text, context=128, windows=2, formats=["bf16", "fp8_ds_mla"])
+        m.eval(text, context=256, windows=2, formats=["bf16", "fp8_ds_mla", "nvfp4_ds_mla"])
         t1 = time.perf_counter()
     finally:
         done.set()
