@@ -121,9 +121,9 @@ def test_decode_plan_under_graph_capture_matches_mla_decode():
     rb = mlakv.record_bytes(fmt)
     kv = torch.zeros(nb, bs, rb, dtype=torch.uint8, device="cuda")
     layer = mlakv.cache_layer(kv, fmt, outer_scale=0.05)
-    q = torch.empty(B, 1, H, 576, device="cuda")
-    table = torch.empty(B, 8, dtype=torch.int32, device="cuda")
-    seqlens = torch.empty(B, dtype=torch.int32, device="cuda")
+    q = torch.zeros(B, 1, H, 576, device="cuda")
+    table = torch.zeros(B, 8, dtype=torch.int32, device="cuda")  # valid contents for the warm-up run
+    seqlens = torch.ones(B, dtype=torch.int32, device="cuda")
     out = torch.empty(B, 1, H, 512, device="cuda")
     lse = torch.empty(B, 1, H, device="cuda")
     plan = mlakv.DecodePlan(q, layer, table, seqlens, softmax_scale=0.1, out=out, lse=lse)
