@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One device call that does a session's GPU work: builds the CUDA targets and the Python
 # package, runs the harness + compute-sanitizer + the CUDA benchmark (tools/gpu_check.sh),
-# the Python package's tests on CUDA tensors (torch), and, when .ext/flashmla is carried
-# (../shared/tools/flashmla-bench/prepare.sh), FlashMLA's benchmark on the same GPU right
-# after mlakv's. Logs under $OUT.
+# the Python package's tests on CUDA tensors (torch) and, when .ext/flashmla is carried
+# (../shared/tools/flashmla-bench/prepare.sh), with FlashMLA built and importable (the interop
+# tests), then FlashMLA's benchmark on the same GPU right after mlakv's. Logs under $OUT.
 #   usage (device tool): bash tools/gpu_session.sh        carry: .debs [.ext]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -41,7 +41,7 @@ cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DMLAKV_CUDA=ON -DML
   -DMLAKV_BUILD_TESTS=ON -DMLAKV_BUILD_BENCH=ON -DMLAKV_BUILD_PYTHON=ON -DPython_EXECUTABLE="$(command -v python3)" \
   -DCMAKE_LIBRARY_PATH="$DEPS/usr/lib/x86_64-linux-gnu" -DCMAKE_INCLUDE_PATH="$DEPS/usr/include" \
   >"$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
-cmake --build build-gpu --target cuda_harness bench_cuda mlakv_python -j 12 >"$OUT/build.log" 2>&1 \
+cmake --build build-gpu --target cuda_harness bench_cuda mlakv_python mlakv_cli -j 12 >"$OUT/build.log" 2>&1 \
   || { grep -E "error" -A5 "$OUT/build.log" | head -60; exit 1; }
 cmake --build build-gpu --target mlakv_torch_ops -j 12 >"$OUT/build_torch_ops.log" 2>&1 \
   && { echo "torch ops built"; python3 -c "import torch, ctypes; ctypes.CDLL('build-gpu/python/mlakv/_torch_ops.so'); print('torch ops load: ok')" 2>&1 | tail -2; } || { echo "torch ops build FAILED"; grep -E "error" -A4 "$OUT/build_torch_ops.log" | head -40; }
@@ -64,12 +64,20 @@ if [ -x build-gpu/tests/long_request_check ] && [ "${MLAKV_SKIP_LONG_REQUEST:-0}
   stamp "long request done"
 fi
 
-PYTHONPATH=build-gpu/python timeout 300 python3 -m pytest -q -p no:cacheprovider python/tests 2>&1 | tee "$OUT/pytest.log" | tail -15
+# The Python tests run after FlashMLA's build, with flash_mla importable, so that
+# python/tests/test_interop.py compares FlashMLA's decode with mlakv's on the same records.
+pypath=build-gpu/python
+if [ -n "${fm_pid:-}" ]; then
+  wait "$fm_pid"; tail -2 "$OUT/flashmla_build.log"
+  pypath="$pypath:$PWD/.ext/flashmla"
+  fm_waited=1
+fi
+PYTHONPATH="$pypath" MLAKV_CLI="$PWD/build-gpu/mlakv" timeout 300 python3 -m pytest -q -rs -p no:cacheprovider python/tests 2>&1 \
+  | tee "$OUT/pytest.log" | tail -25
 [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 stamp "python tests done"
 
-if [ -n "${fm_pid:-}" ]; then
-  wait "$fm_pid"; tail -2 "$OUT/flashmla_build.log"
+if [ -n "${fm_waited:-}" ]; then
   PYTHONUNBUFFERED=1 timeout 240 python3 tools/flashmla-bench/bench_flashmla.py --flashmla .ext/flashmla \
     --out "$OUT/flashmla.json" >"$OUT/flashmla.log" 2>&1; echo "flashmla bench exit $?"; tail -25 "$OUT/flashmla.log"
   stamp "flashmla done"

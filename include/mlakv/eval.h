@@ -151,6 +151,51 @@ StatusOr<GenerateResult> generate_greedy(Model& model, std::span<const int32_t> 
                                          const EvalCacheSpec* spec, std::optional<int32_t> stop_id = {},
                                          int block_size = kDefaultBlockSize);
 
+// ---- `mlakv eval` as one call (the CLI and the Python package share it) ----------------
+
+// One row kind of `mlakv eval --formats`: a format, or an nvfp4 format in the per-token
+// scale mode ("nvfp4_ds_mla+token-scale").
+struct EvalFormat {
+  KvFormat format = KvFormat::kBf16;
+  bool token_scale = false;
+  bool operator==(const EvalFormat&) const = default;
+};
+inline constexpr std::string_view kTokenScaleSuffix = "+token-scale";
+// "NAME" or "NAME+token-scale"; kInvalidArgument naming the text.
+StatusOr<EvalFormat> parse_eval_format(std::string_view text);
+
+struct EvalRequest {
+  std::vector<EvalFormat> formats;  // >= 1; duplicates are dropped, the order is kept
+  // Calibrated sources (`--scales`), each "auto" (calibrated on `calib_windows` windows of the
+  // input after the eval windows, for the recipes `recipe` asks for) or a scale file of
+  // either kind (load_scale_file: nvfp4_ds_mla_outer_scale_v1 or mlakv_latent_transform_v1).
+  std::vector<std::string> scales;
+  // "" (fork for auto, the files' own kinds), "fork", "mlakv" or "both"; needs scales.
+  std::string recipe;
+  LatentImportance importance = LatentTransformRecipe{}.importance;  // for mlakv-recipe auto
+  int64_t context = 2048, windows = 32, calib_windows = 4;
+  int needle = 0;  // needle trials (docs/needle.md): needs a tokenizer and max_position_embeddings
+  int block_size = kDefaultBlockSize;
+  // Stages, each counting done of total: "calibration (fork recipe)", "calibration (mlakv
+  // recipe)" (windows), "eval" (window x cache runs, the reference included), "needle".
+  ProgressFn progress;
+};
+
+// Validates the request (formats, context against max_position_embeddings, enough input
+// for the windows, scale files covering every layer) before any model work, then
+// calibrates (scales "auto"), evaluates and runs the needle trials. `tokenizer` may be
+// null unless needle > 0. Errors name the argument; nothing partial.
+StatusOr<EvalReport> eval_model(Model& model, const Tokenizer* tokenizer, std::span<const int32_t> tokens,
+                                const EvalRequest& req);
+
+// The report as `mlakv eval --json` prints it: {model, context, windows, positions,
+// reference {ppl, bits_per_token, tokens_per_s, needle_found, needle_total}, formats [{format,
+// record_bytes, recipe, scales, token_scale, kld_mean, kld_p99, kld_max, kld_by_position_bucket, top1_agree, ppl,
+// bits_per_token, tokens_per_s, needle_found, needle_total}]}; non-finite numbers are null,
+// text that is not UTF-8 gets U+FFFD. `indent` < 0: one line.
+std::string eval_report_json(const EvalReport& report, std::string_view model, int64_t context, int64_t windows,
+                             int indent = 2);
+
 // ---- plots -----------------------------------------------------------------------------
 
 // An SVG with two panels: mean KLD per row (bars, log scale) and KLD by position bucket

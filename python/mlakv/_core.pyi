@@ -1,7 +1,7 @@
 """Type stubs for mlakv._core (the nanobind module). Arrays are anything with DLPack
 (numpy arrays, torch tensors); shapes in the docstrings use B batch, S queries per
 request, H heads, T tokens, L = 512 latent dims, R = 64 rope dims."""
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -139,3 +139,113 @@ class Calibrator:
     @property
     def max_abs(self) -> list[float]: ...
     def finish(self, num_layers: int = 0) -> OuterScales: ...
+
+class Tokenizer:
+    """A Hugging Face tokenizer.json (BPE / WordPiece / Unigram, its normalizer, pre-tokenizer,
+    post-processor and decoder), the C++ tokenizer the CLI uses."""
+    @staticmethod
+    def load(path: str) -> Tokenizer:
+        """tokenizer.json, or a directory holding it (and tokenizer_config.json)."""
+    @staticmethod
+    def byte_level() -> Tokenizer:
+        """The 256-id byte-level tokenizer (id = byte)."""
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]: ...
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
+        """Bytes that do not form UTF-8 (a cut character) become U+FFFD."""
+    def id_to_token(self, id: int) -> str: ...
+    def token_to_id(self, token: str) -> int: ...
+    def is_special(self, id: int) -> bool: ...
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def bos_id(self) -> Optional[int]: ...
+    @property
+    def eos_id(self) -> Optional[int]: ...
+
+TextOrTokens = Any  # str (text) | Sequence[int] | 1-D int32/int64 array (token ids)
+ProgressFn = Callable[[str, int, int], None]  # (stage, done, total)
+
+class Model:
+    """A DeepSeek-V3-family checkpoint on the CPU model runner (include/mlakv/model.h): the model
+    `mlakv eval` / `mlakv generate` / `mlakv calibrate --model` run. Long calls release the GIL;
+    one call at a time per Model (a second thread waits)."""
+    @staticmethod
+    def load(path: str, *, threads: int = 0) -> Model:
+        """A directory with config.json and model.safetensors(.index.json); threads 0 = all cores.
+        FileNotFoundError for a missing file or tensor, ValueError for a bad one,
+        NotImplementedError for a model_type or setting the runner cannot run."""
+    @property
+    def path(self) -> str: ...
+    @property
+    def config(self) -> dict[str, Any]:
+        """model_type, num_layers, hidden_size, num_heads, q_lora_rank, kv_lora_rank, qk_nope_head_dim,
+        qk_rope_head_dim, v_head_dim, rms_norm_eps, rope_theta, rope_interleaved, max_position_embeddings,
+        index_topk, softmax_scale, vocab_size, intermediate_size, moe_intermediate_size, n_routed_experts,
+        num_experts_per_tok, n_shared_experts, num_moe_layers, num_mtp_layers, tie_word_embeddings."""
+    @property
+    def num_layers(self) -> int: ...
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def notes(self) -> list[str]:
+        """Load-time facts (dense attention for DSA models, skipped MTP tensors, dequantized encodings)."""
+    @property
+    def memory(self) -> dict[str, int]: ...
+    @property
+    def has_tokenizer(self) -> bool: ...
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """tokenizer.json of the directory, else byte-level for a 256-id vocabulary, else ValueError."""
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]: ...
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str: ...
+    def eval(self, input: TextOrTokens, *, context: int = 2048, windows: int = 32,
+             formats: Sequence[str] = ("bf16", "fp8_ds_mla", "nvfp4_ds_mla", "nvfp4_ds_mla_fp8rope",
+                                       "nvfp4_ds_mla_int8rope"),
+             scales: Optional[str | Sequence[str]] = None, recipe: str = "", importance: str = "uniform",
+             calib_windows: int = 4, needle: int = 0, block_size: int = 64,
+             progress: Optional[ProgressFn] = None) -> dict[str, Any]:
+        """`mlakv eval --json` as a dict (the same keys): teacher-forced KLD against the f32 cache, top-1,
+        perplexity and needle retrieval of each format over `windows` windows of `context` tokens.
+        Text is encoded without special tokens (as --text); a format may be "NAME+token-scale" (nvfp4).
+        scales (--scales): None, or one or a list of "auto" (calibrated on calib_windows windows after
+        the eval windows) / a scale file of either kind (outer scales or mlakv_latent_transform_v1), read
+        by the loader the CLI uses; recipe (--recipe): "", "fork", "mlakv" or "both"; importance
+        (--importance) for the mlakv recipe's auto calibration. progress(stage, done, total) is called
+        with stage "calibration (fork recipe)", "calibration (mlakv recipe)", "eval" or "needle"; an
+        exception it raises stops further calls and is raised when the run ends."""
+    def generate(self, prompt: TextOrTokens, *, format: str = "bf16", max_tokens: int = 64,
+                 scales: Optional[str] = None, stop_at_eos: bool = True, block_size: int = 64) -> dict[str, Any]:
+        """`mlakv generate --json` as a dict: greedy decoding through the paged cache in `format`
+        ("reference" = the f32 cache). Text prompts are encoded with special tokens (as --prompt).
+        Keys: format, prompt_tokens, generated_tokens, tokens, text (None without a tokenizer),
+        prefill_tokens_per_s, decode_tokens_per_s."""
+    def calibrate(self, input: TextOrTokens, *, context: int = 2048, windows: int = 8, skip: int = 0,
+                  progress: Optional[ProgressFn] = None) -> OuterScales:
+        """`mlakv calibrate --model`: max |kv_c_normed| per layer over the windows (f32 cache),
+        s_l = max_abs / 2688; .save(path) writes the nvfp4_ds_mla_outer_scale_v1 file eval reads."""
+
+class DecodePlan:
+    """CUDA plan / run: plan once per batch shape (split count, workspace size, kernel path and its
+    shared-memory configuration, all on the host), then run() as often as wanted, under CUDA-graph
+    capture too: run() allocates nothing and never synchronises. Raises ValueError in a build
+    without the CUDA backend or for CPU tensors (use mla_decode there)."""
+    def __init__(self, q: Array, cache_layer: CacheLayer, block_table: Optional[Array] = None,
+                 seqlens: Optional[Array] = None, *, softmax_scale: float, causal: bool = True,
+                 indices: Optional[Array] = None, topk_length: Optional[Array] = None,
+                 num_splits: Optional[int] = None, out: Array, lse: Array) -> None:
+        """The tensors of the call as mla_decode takes them (CUDA). num_splits None: the split count
+        that fills the GPU once for this shape (cuda::suggest_num_splits)."""
+    def run(self, q: Array, cache_layer: CacheLayer, block_table: Optional[Array] = None,
+            seqlens: Optional[Array] = None, *, indices: Optional[Array] = None,
+            topk_length: Optional[Array] = None, out: Array, lse: Array, workspace: Optional[Array] = None,
+            stream: int = 0) -> None:
+        """Enqueues on `stream`. Every tensor must match the planned one in shape, dtype, device and
+        strides (contents and buffers may differ), the layer in geometry and format; `workspace` a
+        contiguous uint8 device tensor of >= workspace_bytes when num_splits > 1."""
+    @property
+    def num_splits(self) -> int: ...
+    @property
+    def workspace_bytes(self) -> int: ...
+    @property
+    def path(self) -> str:
+        """The kernel path the plan runs: "sm80" or "sm90"."""

@@ -42,9 +42,10 @@ if available:
         return None
 
 
-# The ops report bad arguments by throwing from inside the dispatcher, which the stable ABI
-# does not carry back to Python reliably: the wrappers below check every argument first and
-# raise ValueError naming it, so the ops only ever see valid calls (docs/python.md).
+# The ops themselves reject bad arguments with a RuntimeError naming the argument (thrown as
+# std::runtime_error from the kernel; torch's dispatcher carries it to Python). The wrappers
+# below check every argument first and raise ValueError naming it, the package's convention
+# for bad arguments (docs/python.md, "PyTorch custom ops").
 _LATENT, _ROPE = _core.LATENT_DIM, _core.ROPE_DIM
 
 

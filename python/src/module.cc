@@ -3,13 +3,17 @@
 // views (numpy arrays, torch tensors, anything with __dlpack__) without copies.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/function.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/string_view.h>
 #include <nanobind/stl/tuple.h>
+#include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
+#include <array>
+#include <filesystem>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -25,8 +29,10 @@
 #endif
 #include "mlakv/cache.h"
 #include "mlakv/codec.h"
+#include "mlakv/eval.h"
 #include "mlakv/formats.h"
 #include "mlakv/hf_config.h"
+#include "mlakv/model.h"
 #include "mlakv/model_config.h"
 #include "mlakv/latent_calib.h"
 #include "mlakv/latent_transform.h"
@@ -35,6 +41,7 @@
 #include "mlakv/status.h"
 #include "mlakv/tensor.h"
 #include "mlakv/thread_pool.h"
+#include "mlakv/tokenizer.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -44,13 +51,27 @@ namespace {
 
 // ---- errors -----------------------------------------------------------------------------
 
-// A failed Status becomes the Python exception of its kind, with the library's message.
+// Thrown where the GIL may be released; the translator registered in NB_MODULE raises
+// `type` (a builtin exception class) with the message once the GIL is held again.
+struct TypedError {
+  PyObject* type;
+  std::string message;
+};
+[[noreturn]] void py_raise(PyObject* type, const std::string& m) { throw TypedError{type, m}; }
+
+// A failed Status becomes the Python exception of its kind, with the library's message:
+// kInvalidArgument ValueError, kOutOfRange IndexError, kResourceExhausted MemoryError,
+// kNotFound FileNotFoundError (a file, tensor or key that does not exist), kIoError OSError,
+// kUnimplemented NotImplementedError, anything else RuntimeError.
 [[noreturn]] void raise(const Status& s) {
   const std::string& m = s.message();
   switch (s.code()) {
     case StatusCode::kInvalidArgument: throw nb::value_error(m.c_str());
     case StatusCode::kOutOfRange: throw nb::index_error(m.c_str());
-    case StatusCode::kResourceExhausted: throw std::bad_alloc();
+    case StatusCode::kResourceExhausted: py_raise(PyExc_MemoryError, m);
+    case StatusCode::kNotFound: py_raise(PyExc_FileNotFoundError, m);
+    case StatusCode::kIoError: py_raise(PyExc_OSError, m);
+    case StatusCode::kUnimplemented: py_raise(PyExc_NotImplementedError, m);
     default: throw std::runtime_error(m);
   }
 }
@@ -325,7 +346,7 @@ nb::object mla_decode(const AnyArray& q, const CacheLayer& layer, std::optional<
       if (!workspace) {
         throw nb::value_error(("workspace: num_splits > 1 needs a CUDA uint8 workspace of " +
                                std::to_string(plan.workspace_bytes) +
-                               " bytes (mlakv.decode_workspace_bytes gives the size)").c_str());
+                               " bytes (mlakv.DecodePlan(...).workspace_bytes gives the size for a shape)").c_str());
       }
       const TensorView w = view_of(*workspace, "workspace");
       if (w.device != p.cache.device || w.dtype != DType::kU8 || !w.is_contiguous() ||
@@ -566,6 +587,520 @@ class PyLatentTransform {
   std::vector<LatentTransformKernel> k_;
 };
 
+// ---- the model runner (include/mlakv/model.h, include/mlakv/eval.h) -------------------------
+
+// A progress callable from Python, called with the GIL held from inside C++ work that runs
+// without it. An exception it raises stops further calls and is raised when the work ends
+// (the C++ run is not interrupted: ProgressFn cannot stop it).
+class PyProgress {
+ public:
+  explicit PyProgress(std::optional<nb::callable> fn) : fn_(std::move(fn)) {}
+  ProgressFn fn() {
+    if (!fn_) return {};
+    return [this](std::string_view what, int64_t done, int64_t total) {
+      if (failed_) return;
+      nb::gil_scoped_acquire gil;
+      try {
+        (*fn_)(std::string(what), done, total);
+      } catch (nb::python_error& e) {
+        e.restore();
+        failed_ = true;
+      }
+    };
+  }
+  // With the GIL held, after the work: the callable's exception, if it raised one.
+  void rethrow() {
+    if (failed_) throw nb::python_error();
+  }
+
+ private:
+  std::optional<nb::callable> fn_;
+  bool failed_ = false;
+};
+
+class PyTokenizer {
+ public:
+  explicit PyTokenizer(Tokenizer t) : t_(std::move(t)) {}
+  static PyTokenizer load(const std::string& path) { return PyTokenizer(value(Tokenizer::load(path))); }
+  static PyTokenizer byte_level() { return PyTokenizer(Tokenizer::byte_level()); }
+  std::vector<int32_t> encode(const std::string& text, bool add_special_tokens) const {
+    nb::gil_scoped_release nogil;
+    return value(t_.encode(text, add_special_tokens));
+  }
+  // Bytes that do not form UTF-8 (a cut character) become U+FFFD.
+  nb::str decode(const std::vector<int32_t>& ids, bool skip_special_tokens) const {
+    std::string s = value(t_.decode(ids, skip_special_tokens));
+    return nb::steal<nb::str>(PyUnicode_DecodeUTF8(s.data(), static_cast<Py_ssize_t>(s.size()), "replace"));
+  }
+  int32_t vocab_size() const { return t_.vocab_size(); }
+  std::optional<int32_t> bos_id() const { return t_.bos_id(); }
+  std::optional<int32_t> eos_id() const { return t_.eos_id(); }
+  std::string id_to_token(int32_t id) const { return value(t_.id_to_token(id)); }
+  int32_t token_to_id(const std::string& tok) const { return value(t_.token_to_id(tok)); }
+  bool is_special(int32_t id) const { return t_.is_special(id); }
+  const Tokenizer& get() const { return t_; }
+
+ private:
+  Tokenizer t_;
+};
+
+nb::str utf8_replace(const std::string& s) {
+  return nb::steal<nb::str>(PyUnicode_DecodeUTF8(s.data(), static_cast<Py_ssize_t>(s.size()), "replace"));
+}
+
+class PyModel {
+ public:
+  static std::unique_ptr<PyModel> load(const std::string& path, int threads) {
+    if (threads < 0) throw nb::value_error(("threads: must be >= 0 (0 = all cores), got " + std::to_string(threads)).c_str());
+    auto m = std::unique_ptr<PyModel>(new PyModel());
+    m->path_ = path;
+    {
+      nb::gil_scoped_release nogil;
+      auto r = Model::load(path, ModelLoadOptions{.threads = threads});
+      if (r.ok()) m->model_ = std::move(r).value();
+      else m->load_error_ = r.status();
+    }
+    if (!m->load_error_.ok()) raise(m->load_error_);
+    // The CLI's rule: tokenizer.json in the directory, else byte-level for a 256-id vocabulary.
+    if (std::filesystem::exists(std::filesystem::path(path) / "tokenizer.json")) {
+      nb::gil_scoped_release nogil;
+      auto t = Tokenizer::load(path);
+      if (t.ok()) m->tok_.emplace(std::move(t).value());
+      else m->tok_error_ = t.status().message();
+    } else if (m->model_->vocab_size() == 256) {
+      m->tok_.emplace(Tokenizer::byte_level());
+    } else {
+      m->tok_error_ = path + ": no tokenizer.json, and the vocabulary (" + std::to_string(m->model_->vocab_size()) +
+                      " ids) is not byte-level; pass token ids instead of text";
+    }
+    return m;
+  }
+
+  const Model& model() const { return *model_; }
+  const std::string& path() const { return path_; }
+  bool has_tokenizer() const { return tok_.has_value(); }
+  const PyTokenizer& tokenizer() const {
+    if (!tok_) throw nb::value_error(("tokenizer: " + tok_error_).c_str());
+    return *tok_;
+  }
+
+  // Text (encoded like `mlakv eval --text`: no special tokens, or with them for a prompt)
+  // or token ids (a sequence of ints or a 1-D integer array), checked against the vocabulary.
+  std::vector<int32_t> tokens_of(nb::handle input, const char* name, bool add_special_tokens) const {
+    std::vector<int32_t> ids;
+    if (nb::isinstance<nb::str>(input)) {
+      const std::string text = nb::cast<std::string>(input);
+      if (text.empty()) throw nb::value_error((std::string(name) + ": the text is empty").c_str());
+      ids = tokenizer().encode(text, add_special_tokens);
+    } else if (nb::isinstance<nb::bytes>(input)) {
+      throw nb::type_error((std::string(name) + ": give text as str (decode the bytes) or token ids").c_str());
+    } else if (nb::ndarray_check(input)) {
+      const auto a = nb::cast<AnyArray>(input);
+      const TensorView t = view_of(a, name);
+      require_cpu(t, name);
+      if (t.ndim != 1 || (t.dtype != DType::kI32 && t.dtype != DType::kI64)) {
+        throw nb::value_error((std::string(name) + ": token ids must be a 1-D int32/int64 array, got " +
+                               std::string(dtype_name(t.dtype)) + " " + t.shape_string()).c_str());
+      }
+      ids.resize(static_cast<size_t>(t.size(0)));
+      for (int64_t i = 0; i < t.size(0); ++i) {
+        const int64_t v = t.dtype == DType::kI32
+                              ? *reinterpret_cast<const int32_t*>(static_cast<const char*>(t.data) + i * t.stride(0) * 4)
+                              : *reinterpret_cast<const int64_t*>(static_cast<const char*>(t.data) + i * t.stride(0) * 8);
+        if (v < 0 || v >= model_->vocab_size()) bad_id(name, i, v);
+        ids[static_cast<size_t>(i)] = static_cast<int32_t>(v);
+      }
+    } else {
+      try {
+        const auto seq = nb::cast<std::vector<int64_t>>(input);
+        ids.resize(seq.size());
+        for (size_t i = 0; i < seq.size(); ++i) {
+          if (seq[i] < 0 || seq[i] >= model_->vocab_size()) bad_id(name, static_cast<int64_t>(i), seq[i]);
+          ids[i] = static_cast<int32_t>(seq[i]);
+        }
+      } catch (const nb::cast_error&) {
+        throw nb::type_error((std::string(name) + ": expected text (str) or token ids (a sequence of ints or a 1-D "
+                                                  "integer array)").c_str());
+      }
+    }
+    if (ids.empty()) throw nb::value_error((std::string(name) + ": no tokens").c_str());
+    return ids;
+  }
+
+  nb::dict eval(nb::handle input, int64_t context, int64_t windows, std::vector<std::string> formats,
+                nb::handle scales, const std::string& recipe, const std::string& importance, int64_t calib_windows,
+                int needle, int block_size, std::optional<nb::callable> progress) {
+    const std::vector<int32_t> ids = tokens_of(input, "input", false);
+    EvalRequest req;
+    for (const std::string& f : formats) {
+      auto row = parse_eval_format(f);
+      if (!row.ok()) raise(row.status());
+      req.formats.push_back(*row);
+    }
+    // None, one source ("auto" or a scale file of either kind), or a list of them (--scales).
+    if (nb::isinstance<nb::str>(scales)) req.scales.push_back(nb::cast<std::string>(scales));
+    else if (!scales.is_none()) {
+      try {
+        req.scales = nb::cast<std::vector<std::string>>(scales);
+      } catch (const nb::cast_error&) {
+        throw nb::type_error("scales: expected None, 'auto', a scale file path or a list of them");
+      }
+    }
+    for (const std::string& s : req.scales) {
+      if (s.empty()) throw nb::value_error("scales: give a scale file path or 'auto' (not an empty string)");
+    }
+    req.recipe = recipe;
+    const auto imp = parse_latent_importance(importance);
+    if (!imp) {
+      throw nb::value_error(("importance: unknown estimate '" + importance +
+                             "' (none, uniform, query, output, query+output)").c_str());
+    }
+    req.importance = *imp;
+    req.context = context;
+    req.windows = windows;
+    req.calib_windows = calib_windows;
+    req.needle = needle;
+    req.block_size = block_size;
+    PyProgress pr(std::move(progress));
+    req.progress = pr.fn();
+    std::string json;
+    Status st;
+    {
+      nb::gil_scoped_release nogil;
+      std::lock_guard<std::mutex> l(mu_);
+      auto rep = eval_model(*model_, tok_ ? &tok_->get() : nullptr, ids, req);
+      if (rep.ok()) json = eval_report_json(*rep, path_, context, windows, -1);
+      else st = rep.status();
+    }
+    pr.rethrow();
+    check(st);
+    return nb::cast<nb::dict>(nb::module_::import_("json").attr("loads")(nb::str(json.c_str(), json.size())));
+  }
+
+  EvalCacheSpec spec_of(const std::string& format, std::optional<std::string> scales) const {
+    EvalCacheSpec spec;
+    // "reference" (the f32 cache), a format, or an nvfp4 format + "+token-scale" (as the CLI's --format).
+    if (format == "reference") {
+      spec.format = KvFormat::kF32;
+    } else {
+      auto row = parse_eval_format(format);
+      if (!row.ok()) raise(row.status());
+      spec.format = row->format;
+      spec.token_scale = row->token_scale;
+      if (spec.token_scale) spec.scales_label = "token";
+    }
+    if (scales && spec.token_scale) throw nb::value_error("scales: the per-token scale mode replaces outer scales");
+    if (scales) {
+      if (!format_info(spec.format).has_outer_scale) {
+        throw nb::value_error(("scales: " + format + " has no outer scale").c_str());
+      }
+      spec.scales = value(load_outer_scales(*scales));
+      if (spec.scales.num_layers() < model_->num_layers()) {
+        throw nb::value_error(("scales " + *scales + ": " + std::to_string(spec.scales.num_layers()) +
+                               " layers, the model has " + std::to_string(model_->num_layers())).c_str());
+      }
+      spec.scales_label = std::filesystem::path(*scales).filename().string();
+    }
+    return spec;
+  }
+
+  nb::dict generate(nb::handle prompt, const std::string& format, int max_tokens, std::optional<std::string> scales,
+                    bool stop_at_eos, int block_size) {
+    if (max_tokens < 1 || max_tokens > (1 << 20)) {
+      throw nb::value_error(("max_tokens: must be in [1, 1048576], got " + std::to_string(max_tokens)).c_str());
+    }
+    const EvalCacheSpec spec = spec_of(format, scales);
+    const std::vector<int32_t> ids = tokens_of(prompt, "prompt", true);
+    const int64_t max_pos = model_->config().max_position_embeddings;
+    if (max_pos > 0 && static_cast<int64_t>(ids.size()) + max_tokens > max_pos) {
+      throw nb::value_error(("prompt (" + std::to_string(ids.size()) + " tokens) + max_tokens " +
+                             std::to_string(max_tokens) + " exceed max_position_embeddings (" +
+                             std::to_string(max_pos) + ")").c_str());
+    }
+    std::optional<int32_t> stop;
+    if (stop_at_eos && tok_) stop = tok_->eos_id();
+    GenerateResult g;
+    std::optional<std::string> text;
+    Status st;
+    {
+      nb::gil_scoped_release nogil;
+      std::lock_guard<std::mutex> l(mu_);
+      auto r = generate_greedy(*model_, ids, max_tokens, &spec, stop, block_size);
+      if (r.ok()) {
+        g = std::move(r).value();
+        if (tok_) {
+          auto t = tok_->get().decode(g.tokens, true);
+          if (t.ok()) text = std::move(t).value();
+          else st = t.status();
+        }
+      } else {
+        st = r.status();
+      }
+    }
+    check(st);
+    nb::dict d;
+    d["format"] = std::string(format_name(spec.format));
+    d["token_scale"] = spec.token_scale;
+    d["prompt_tokens"] = ids.size();
+    d["generated_tokens"] = g.tokens.size();
+    d["tokens"] = g.tokens;
+    if (text) d["text"] = utf8_replace(*text);
+    else d["text"] = nb::none();
+    d["prefill_tokens_per_s"] = g.prefill_seconds > 0 ? ids.size() / g.prefill_seconds : 0.0;
+    d["decode_tokens_per_s"] = g.decode_seconds > 0 ? g.tokens.size() / g.decode_seconds : 0.0;
+    return d;
+  }
+
+  OuterScales calibrate(nb::handle input, int64_t context, int64_t windows, int64_t skip,
+                        std::optional<nb::callable> progress) {
+    const std::vector<int32_t> ids = tokens_of(input, "input", false);
+    const int64_t max_pos = model_->config().max_position_embeddings;
+    if (max_pos > 0 && context > max_pos) {
+      throw nb::value_error(("context " + std::to_string(context) + " exceeds the model's max_position_embeddings (" +
+                             std::to_string(max_pos) + ")").c_str());
+    }
+    PyProgress pr(std::move(progress));
+    const ProgressFn fn = pr.fn();
+    StatusOr<OuterScales> r = Status::Ok();
+    {
+      nb::gil_scoped_release nogil;
+      std::lock_guard<std::mutex> l(mu_);
+      r = calibrate_outer_scales(*model_, ids, context, windows, skip, fn);
+    }
+    pr.rethrow();
+    return value(std::move(r));
+  }
+
+ private:
+  PyModel() = default;
+  [[noreturn]] void bad_id(const char* name, int64_t i, int64_t v) const {
+    throw nb::value_error((std::string(name) + ": token id " + std::to_string(v) + " at position " + std::to_string(i) +
+                           " is outside the vocabulary [0, " + std::to_string(model_->vocab_size()) + ")").c_str());
+  }
+
+  std::unique_ptr<Model> model_;
+  std::string path_;
+  Status load_error_;
+  std::optional<PyTokenizer> tok_;
+  std::string tok_error_;
+  std::mutex mu_;  // one forward at a time per Model (model.h)
+};
+
+nb::dict config_dict(const ModelConfig& c, const ModelArch& a) {
+  nb::dict d;
+  d["model_type"] = c.model_type;
+  d["num_layers"] = c.num_layers;
+  d["num_mtp_layers"] = c.num_mtp_layers;
+  d["hidden_size"] = c.hidden_size;
+  d["num_heads"] = c.num_heads;
+  d["q_lora_rank"] = c.q_lora_rank;
+  d["kv_lora_rank"] = c.kv_lora_rank;
+  d["qk_nope_head_dim"] = c.qk_nope_head_dim;
+  d["qk_rope_head_dim"] = c.qk_rope_head_dim;
+  d["v_head_dim"] = c.v_head_dim;
+  d["rms_norm_eps"] = c.rms_norm_eps;
+  d["rope_theta"] = c.rope.theta;
+  d["rope_interleaved"] = c.rope.interleaved;
+  d["max_position_embeddings"] = c.max_position_embeddings;
+  d["index_topk"] = c.index_topk;
+  d["softmax_scale"] = c.softmax_scale();
+  d["vocab_size"] = a.vocab_size;
+  d["intermediate_size"] = a.intermediate_size;
+  d["moe_intermediate_size"] = a.moe_intermediate_size;
+  d["n_routed_experts"] = a.routing.num_experts;
+  d["num_experts_per_tok"] = a.routing.top_k;
+  d["n_shared_experts"] = a.n_shared_experts;
+  d["num_moe_layers"] = a.num_moe_layers();
+  d["tie_word_embeddings"] = a.tie_word_embeddings;
+  return d;
+}
+
+// ---- CUDA plan / run ------------------------------------------------------------------------------
+
+// The shape, dtype, device and strides of one tensor of a plan: run() accepts tensors
+// equal in all of these (new contents, possibly new buffers).
+struct TensorSig {
+  bool present = false;
+  DType dtype = DType::kF32;
+  Device device;
+  int ndim = 0;
+  std::array<int64_t, kMaxTensorDims> shape{}, strides{};
+  static TensorSig of(const TensorView& t) {
+    TensorSig s;
+    s.present = t.data != nullptr;
+    s.dtype = t.dtype;
+    s.device = t.device;
+    s.ndim = t.ndim;
+    for (int i = 0; i < t.ndim; ++i) {
+      s.shape[static_cast<size_t>(i)] = t.size(i);
+      s.strides[static_cast<size_t>(i)] = t.stride(i);
+    }
+    return s;
+  }
+  void require_same(const TensorView& t, const char* name) const {
+    const TensorSig o = of(t);
+    bool same = o.present == present && o.dtype == dtype && o.device == device && o.ndim == ndim;
+    for (int i = 0; same && i < ndim; ++i) {
+      same = o.shape[static_cast<size_t>(i)] == shape[static_cast<size_t>(i)] &&
+             o.strides[static_cast<size_t>(i)] == strides[static_cast<size_t>(i)];
+    }
+    if (!same) {
+      throw nb::value_error((std::string(name) + ": differs from the planned tensor (got " +
+                             std::string(dtype_name(t.dtype)) + " " + t.shape_string() + " on " + device_name(t.device) +
+                             "); plan again for a new shape").c_str());
+    }
+  }
+};
+
+#ifdef MLAKV_PY_CUDA
+int multiprocessors_of(int device) {
+  static std::mutex mu;
+  static std::vector<int> cache;
+  std::lock_guard<std::mutex> l(mu);
+  if (device < 0) return 1;
+  if (cache.size() <= static_cast<size_t>(device)) cache.resize(static_cast<size_t>(device) + 1, 0);
+  if (cache[static_cast<size_t>(device)] == 0) cache[static_cast<size_t>(device)] = value(cuda::device_properties(device)).multiprocessors;
+  return cache[static_cast<size_t>(device)];
+}
+#endif
+
+class DecodePlan {
+ public:
+  DecodePlan(const AnyArray& q, const CacheLayer& layer, std::optional<AnyArray> block_table,
+             std::optional<AnyArray> seqlens, float softmax_scale, bool causal, std::optional<AnyArray> indices,
+             std::optional<AnyArray> topk_length, std::optional<int> num_splits, const AnyMutArray& out,
+             const AnyMutArray& lse) {
+#ifndef MLAKV_PY_CUDA
+    (void)q; (void)layer; (void)block_table; (void)seqlens; (void)softmax_scale; (void)causal; (void)indices;
+    (void)topk_length; (void)num_splits; (void)out; (void)lse;
+    throw nb::value_error("DecodePlan: this build of mlakv has no CUDA backend (mlakv.cuda_available() is False); "
+                          "on the CPU call mlakv.mla_decode");
+#else
+    MlaAttentionParams& p = p_;
+    p.q = view_of(q, "q");
+    p.cache = layer.view;
+    if (p.cache.device.type != DeviceType::kCuda) {
+      throw nb::value_error(("cache_layer: DecodePlan is for CUDA cache layers, got one on " + device_name(p.cache.device) +
+                             " (on the CPU call mlakv.mla_decode)").c_str());
+    }
+    if (indices) {
+      p.indices = view_of(*indices, "indices");
+      if (topk_length) p.topk_length = view_of(*topk_length, "topk_length");
+      if (block_table || seqlens) throw nb::value_error("block_table/seqlens: sparse decode (indices=) takes neither");
+    } else {
+      if (!block_table || !seqlens) throw nb::value_error("block_table and seqlens are required for dense decode");
+      if (topk_length) throw nb::value_error("topk_length: only with indices= (sparse decode)");
+      p.block_table = view_of(*block_table, "block_table");
+      p.seqlens = view_of(*seqlens, "seqlens");
+    }
+    p.softmax_scale = softmax_scale;
+    p.causal = causal;
+    p.out = view_of(out, "out");
+    p.lse = view_of(lse, "lse");
+    if (num_splits && *num_splits < 1) {
+      throw nb::value_error(("num_splits: must be >= 1 (or None to size it for the GPU), got " +
+                             std::to_string(*num_splits)).c_str());
+    }
+    p.num_splits = 1;
+    check(validate_mla_attention(p));  // shapes first, so the split suggestion sees valid ones
+    p.num_splits = num_splits ? *num_splits : cuda::suggest_num_splits(p, multiprocessors_of(p.cache.device.index));
+    plan_ = value(cuda::plan_mla_attention(p));
+    layer_ = layer.view;
+    sig_q_ = TensorSig::of(p.q);
+    sig_bt_ = TensorSig::of(p.block_table);
+    sig_sl_ = TensorSig::of(p.seqlens);
+    sig_ix_ = TensorSig::of(p.indices);
+    sig_tl_ = TensorSig::of(p.topk_length);
+    sig_out_ = TensorSig::of(p.out);
+    sig_lse_ = TensorSig::of(p.lse);
+#endif
+  }
+
+  // Launches on `stream`; allocates nothing and never synchronises, so it may run under
+  // CUDA-graph capture. Tensors must match the planned ones in shape, dtype, device and
+  // strides (their contents and buffers may differ); the cache layer in geometry and format.
+  void run(const AnyArray& q, const CacheLayer& layer, std::optional<AnyArray> block_table,
+           std::optional<AnyArray> seqlens, std::optional<AnyArray> indices, std::optional<AnyArray> topk_length,
+           const AnyMutArray& out, const AnyMutArray& lse, std::optional<AnyMutArray> workspace, uintptr_t stream) {
+#ifndef MLAKV_PY_CUDA
+    (void)q; (void)layer; (void)block_table; (void)seqlens; (void)indices; (void)topk_length; (void)out; (void)lse;
+    (void)workspace; (void)stream;
+    throw nb::value_error("DecodePlan: this build of mlakv has no CUDA backend");
+#else
+    MlaAttentionParams p = p_;
+    p.q = view_of(q, "q");
+    sig_q_.require_same(p.q, "q");
+    const CacheLayerView& c = layer.view;
+    if (c.device != layer_.device || c.num_blocks != layer_.num_blocks || c.block_size != layer_.block_size ||
+        c.record_bytes != layer_.record_bytes || c.format != layer_.format) {
+      throw nb::value_error("cache_layer: differs from the planned layer (device, blocks, block size or format); "
+                            "plan again");
+    }
+    p.cache = c;
+    p.block_table = block_table ? view_of(*block_table, "block_table") : TensorView{};
+    sig_bt_.require_same(p.block_table, "block_table");
+    p.seqlens = seqlens ? view_of(*seqlens, "seqlens") : TensorView{};
+    sig_sl_.require_same(p.seqlens, "seqlens");
+    p.indices = indices ? view_of(*indices, "indices") : TensorView{};
+    sig_ix_.require_same(p.indices, "indices");
+    p.topk_length = topk_length ? view_of(*topk_length, "topk_length") : TensorView{};
+    sig_tl_.require_same(p.topk_length, "topk_length");
+    p.out = view_of(out, "out");
+    sig_out_.require_same(p.out, "out");
+    p.lse = view_of(lse, "lse");
+    sig_lse_.require_same(p.lse, "lse");
+    void* ws = nullptr;
+    if (plan_.workspace_bytes > 0) {
+      if (!workspace) {
+        throw nb::value_error(("workspace: this plan (" + std::to_string(plan_.num_splits) + " splits) needs a CUDA "
+                               "uint8 workspace of " + std::to_string(plan_.workspace_bytes) +
+                               " bytes (DecodePlan.workspace_bytes)").c_str());
+      }
+      const TensorView w = view_of(*workspace, "workspace");
+      if (w.device != c.device || w.dtype != DType::kU8 || !w.is_contiguous() ||
+          static_cast<size_t>(w.numel()) < plan_.workspace_bytes) {
+        throw nb::value_error(("workspace: needs a contiguous uint8 tensor of >= " +
+                               std::to_string(plan_.workspace_bytes) + " bytes on " + device_name(c.device)).c_str());
+      }
+      ws = w.data;
+    }
+    nb::gil_scoped_release nogil;
+    check(cuda::run_mla_attention(p, plan_, ws, reinterpret_cast<void*>(stream)));
+#endif
+  }
+
+  int num_splits() const { return plan_num_splits(); }
+  size_t workspace_bytes() const {
+#ifdef MLAKV_PY_CUDA
+    return plan_.workspace_bytes;
+#else
+    return 0;
+#endif
+  }
+  std::string path() const {
+#ifdef MLAKV_PY_CUDA
+    return cuda::attention_path_name(plan_.path);
+#else
+    return "";
+#endif
+  }
+
+ private:
+  int plan_num_splits() const {
+#ifdef MLAKV_PY_CUDA
+    return plan_.num_splits;
+#else
+    return 0;
+#endif
+  }
+#ifdef MLAKV_PY_CUDA
+  MlaAttentionParams p_;
+  cuda::AttentionPlan plan_;
+  CacheLayerView layer_;
+  TensorSig sig_q_, sig_bt_, sig_sl_, sig_ix_, sig_tl_, sig_out_, sig_lse_;
+#endif
+};
+
 }  // namespace
 }  // namespace mlakv::python
 
@@ -574,6 +1109,13 @@ using namespace mlakv::python;
 
 NB_MODULE(_core, m) {
   m.doc() = "mlakv: MLA attention over compressed, paged KV caches (C++ core)";
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const TypedError& e) {
+      PyErr_SetString(e.type, e.message.c_str());
+    }
+  });
 
   m.def("formats", [] {
     nb::list out;
@@ -726,6 +1268,68 @@ NB_MODULE(_core, m) {
       .def("add", &Calibrator::add, "layer"_a, "kv_c_normed"_a)
       .def_prop_ro("max_abs", &Calibrator::max_abs)
       .def("finish", &Calibrator::finish, "num_layers"_a = 0);
+
+  nb::class_<PyTokenizer>(m, "Tokenizer")
+      .def_static("load", &PyTokenizer::load, "path"_a, "tokenizer.json (or its directory) -> Tokenizer")
+      .def_static("byte_level", &PyTokenizer::byte_level)
+      .def("encode", &PyTokenizer::encode, "text"_a, nb::kw_only(), "add_special_tokens"_a = true)
+      .def("decode", &PyTokenizer::decode, "ids"_a, nb::kw_only(), "skip_special_tokens"_a = false)
+      .def("id_to_token", &PyTokenizer::id_to_token, "id"_a)
+      .def("token_to_id", &PyTokenizer::token_to_id, "token"_a)
+      .def("is_special", &PyTokenizer::is_special, "id"_a)
+      .def_prop_ro("vocab_size", &PyTokenizer::vocab_size)
+      .def_prop_ro("bos_id", &PyTokenizer::bos_id)
+      .def_prop_ro("eos_id", &PyTokenizer::eos_id);
+
+  nb::class_<PyModel>(m, "Model")
+      .def_static("load", &PyModel::load, "path"_a, nb::kw_only(), "threads"_a = 0)
+      .def_prop_ro("path", &PyModel::path)
+      .def_prop_ro("config", [](const PyModel& pm) { return config_dict(pm.model().config(), pm.model().arch()); })
+      .def_prop_ro("num_layers", [](const PyModel& pm) { return pm.model().num_layers(); })
+      .def_prop_ro("vocab_size", [](const PyModel& pm) { return pm.model().vocab_size(); })
+      .def_prop_ro("notes", [](const PyModel& pm) { return pm.model().notes(); })
+      .def_prop_ro("memory", [](const PyModel& pm) {
+        const ModelMemory& mm = pm.model().memory();
+        nb::dict d;
+        d["checkpoint_bytes"] = mm.checkpoint_bytes;
+        d["mapped_bytes"] = mm.mapped_bytes;
+        d["dequantized_bytes"] = mm.dequantized_bytes;
+        d["routed_expert_bytes"] = mm.routed_expert_bytes;
+        d["resident_bytes"] = mm.resident_bytes();
+        return d;
+      })
+      .def_prop_ro("has_tokenizer", &PyModel::has_tokenizer)
+      .def_prop_ro("tokenizer", &PyModel::tokenizer, nb::rv_policy::reference_internal)
+      .def("encode", [](const PyModel& pm, const std::string& text, bool add_special_tokens) {
+        return pm.tokenizer().encode(text, add_special_tokens);
+      }, "text"_a, nb::kw_only(), "add_special_tokens"_a = true)
+      .def("decode", [](const PyModel& pm, const std::vector<int32_t>& ids, bool skip_special_tokens) {
+        return pm.tokenizer().decode(ids, skip_special_tokens);
+      }, "ids"_a, nb::kw_only(), "skip_special_tokens"_a = false)
+      .def("eval", &PyModel::eval, "input"_a, nb::kw_only(), "context"_a = 2048, "windows"_a = 32,
+           "formats"_a = std::vector<std::string>{"bf16", "fp8_ds_mla", "nvfp4_ds_mla", "nvfp4_ds_mla_fp8rope",
+                                                  "nvfp4_ds_mla_int8rope"},
+           "scales"_a = nb::none(), "recipe"_a = "",
+           "importance"_a = std::string(latent_importance_name(LatentTransformRecipe{}.importance)),
+           "calib_windows"_a = 4, "needle"_a = 0, "block_size"_a = kDefaultBlockSize, "progress"_a = nb::none())
+      .def("generate", &PyModel::generate, "prompt"_a, nb::kw_only(), "format"_a = "bf16", "max_tokens"_a = 64,
+           "scales"_a = nb::none(), "stop_at_eos"_a = true, "block_size"_a = kDefaultBlockSize)
+      .def("calibrate", &PyModel::calibrate, "input"_a, nb::kw_only(), "context"_a = 2048, "windows"_a = 8,
+           "skip"_a = 0, "progress"_a = nb::none());
+
+  nb::class_<DecodePlan>(m, "DecodePlan")
+      .def(nb::init<const AnyArray&, const CacheLayer&, std::optional<AnyArray>, std::optional<AnyArray>, float, bool,
+                    std::optional<AnyArray>, std::optional<AnyArray>, std::optional<int>, const AnyMutArray&,
+                    const AnyMutArray&>(),
+           "q"_a, "cache_layer"_a, "block_table"_a = nb::none(), "seqlens"_a = nb::none(), nb::kw_only(),
+           "softmax_scale"_a, "causal"_a = true, "indices"_a = nb::none(), "topk_length"_a = nb::none(),
+           "num_splits"_a = nb::none(), "out"_a, "lse"_a)
+      .def("run", &DecodePlan::run, "q"_a, "cache_layer"_a, "block_table"_a = nb::none(), "seqlens"_a = nb::none(),
+           nb::kw_only(), "indices"_a = nb::none(), "topk_length"_a = nb::none(), "out"_a, "lse"_a,
+           "workspace"_a = nb::none(), "stream"_a = 0)
+      .def_prop_ro("num_splits", &DecodePlan::num_splits)
+      .def_prop_ro("workspace_bytes", &DecodePlan::workspace_bytes)
+      .def_prop_ro("path", &DecodePlan::path);
 
   m.attr("LATENT_DIM") = kLatentDim;
   m.attr("ROPE_DIM") = kRopeDim;

@@ -412,3 +412,53 @@ def test_torch_tensors_cross_without_copies(rng):
     mlakv.mla_decode(q, mlakv.cache_layer(kv, "nvfp4_ds_mla"), torch.tensor([[0]], dtype=torch.int32),
                      torch.tensor([4], dtype=torch.int32), softmax_scale=0.1, out=out, lse=lse)
     assert torch.isfinite(out).all()
+
+
+def test_decode_plan_on_cpu_names_the_problem():
+    # DecodePlan is CUDA's plan/run: a build without the CUDA backend says so; a CUDA build
+    # refuses a CPU cache layer (the CPU path is mla_decode).
+    kv = np.zeros((2, 16, 656), np.uint8)
+    q = np.zeros((1, 1, 4, 576), np.float32)
+    expect = "DecodePlan is for CUDA cache layers" if mlakv.cuda_available() else "no CUDA backend.*mla_decode"
+    with pytest.raises(ValueError, match=expect):
+        mlakv.DecodePlan(q, mlakv.cache_layer(kv, "fp8_ds_mla"), np.zeros((1, 2), np.int32), np.ones(1, np.int32),
+                         softmax_scale=0.1, out=np.zeros((1, 1, 4, 512), np.float32), lse=np.zeros((1, 1, 4), np.float32))
+
+
+def test_readme_python_examples_run():
+    # The README's examples are current: each ```python block runs as written (from the repo root).
+    import pathlib
+    import re
+    root = pathlib.Path(__file__).resolve().parents[2]
+    blocks = re.findall(r"```python\n(.*?)```", (root / "README.md").read_text(encoding="utf-8"), re.S)
+    assert len(blocks) >= 2
+    cwd = os.getcwd()
+    os.chdir(root)
+    try:
+        for b in blocks:
+            exec(compile(b, "README.md", "exec"), {})
+    finally:
+        os.chdir(cwd)
+
+
+def test_the_stub_matches_the_module():
+    # mlakv/_core.pyi declares exactly the module's public names, and each class's public members.
+    import ast
+    import pathlib
+    stub = ast.parse((pathlib.Path(mlakv.__file__).parent / "_core.pyi").read_text())
+    declared = {}
+    for node in stub.body:
+        if isinstance(node, ast.ClassDef):
+            declared[node.name] = {n.name for n in node.body if isinstance(n, ast.FunctionDef)} - {"__init__"}
+        elif isinstance(node, ast.FunctionDef):
+            declared[node.name] = None
+        elif isinstance(node, ast.AnnAssign):
+            declared[node.target.id] = None
+    helpers = {"Array", "TextOrTokens", "ProgressFn"}  # type aliases of the stub only
+    public = {n for n in dir(mlakv._core) if not n.startswith("_")}
+    assert public == set(declared) - helpers
+    for name, members in declared.items():
+        if members is not None:
+            cls = getattr(mlakv._core, name)
+            have = {n for n in dir(cls) if not n.startswith("_")}
+            assert have == members, (name, have ^ members)

@@ -111,3 +111,82 @@ def test_cuda_graph_replay_with_new_contents():
                                     seqlens.cpu().numpy(), softmax_scale=0.1)
         err = np.linalg.norm(out.cpu().numpy() - o_ref) / np.linalg.norm(o_ref)
         assert err < 2 ** -6, (rep, err)
+
+
+def test_decode_plan_under_graph_capture_matches_mla_decode():
+    # Plan once for the batch shape (split count for this GPU, workspace size), then run under
+    # CUDA-graph capture: replays with new contents of every input give mla_decode's results.
+    g = torch.Generator().manual_seed(4)
+    fmt, B, H, nb, bs = "nvfp4_ds_mla", 3, 16, 24, 64
+    rb = mlakv.record_bytes(fmt)
+    kv = torch.zeros(nb, bs, rb, dtype=torch.uint8, device="cuda")
+    layer = mlakv.cache_layer(kv, fmt, outer_scale=0.05)
+    q = torch.zeros(B, 1, H, 576, device="cuda")
+    table = torch.zeros(B, 8, dtype=torch.int32, device="cuda")  # valid contents for the warm-up run
+    seqlens = torch.ones(B, dtype=torch.int32, device="cuda")
+    out = torch.empty(B, 1, H, 512, device="cuda")
+    lse = torch.empty(B, 1, H, device="cuda")
+    plan = mlakv.DecodePlan(q, layer, table, seqlens, softmax_scale=0.1, out=out, lse=lse)
+    assert plan.num_splits >= 2  # 3 requests x 1 row block cannot fill an H200: the plan splits
+    assert plan.path in ("sm80", "sm90")
+    ws = torch.empty(plan.workspace_bytes, dtype=torch.uint8, device="cuda")
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        plan.run(q, layer, table, seqlens, out=out, lse=lse, workspace=ws, stream=s.cuda_stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        plan.run(q, layer, table, seqlens, out=out, lse=lse, workspace=ws,
+                 stream=torch.cuda.current_stream().cuda_stream)
+    for rep in range(3):
+        lat = torch.randn(nb * bs, 512, generator=g) * 0.05
+        rope = torch.randn(nb * bs, 64, generator=g)
+        mlakv.write_cache(kv, torch.arange(nb * bs, device="cuda"), lat.cuda(), rope.cuda(), format=fmt,
+                          outer_scale=0.05, stream=torch.cuda.current_stream().cuda_stream)
+        q.copy_(torch.randn(B, 1, H, 576, generator=g))
+        table.copy_(torch.randperm(nb, generator=g)[:B * 8].view(B, 8).to(torch.int32))
+        seqlens.copy_(torch.randint(1, 8 * bs + 1, (B,), generator=g, dtype=torch.int32))
+        graph.replay()
+        torch.cuda.synchronize()
+        o_ref = torch.empty_like(out)
+        l_ref = torch.empty_like(lse)
+        mlakv.mla_decode(q, layer, table, seqlens, softmax_scale=0.1, num_splits=plan.num_splits, out=o_ref,
+                         lse=l_ref, workspace=ws.clone(), stream=torch.cuda.current_stream().cuda_stream)
+        torch.cuda.synchronize()
+        # The same kernels, splits and inputs: the same results.
+        torch.testing.assert_close(out, o_ref, rtol=0, atol=0)
+        torch.testing.assert_close(lse, l_ref, rtol=0, atol=0)
+        # And the CPU reference over the same records (bf16-level agreement).
+        o_cpu, _ = mlakv.mla_decode(q.cpu().numpy(), mlakv.cache_layer(kv.cpu().numpy(), fmt, outer_scale=0.05),
+                                    table.cpu().numpy(), seqlens.cpu().numpy(), softmax_scale=0.1)
+        err = np.linalg.norm(out.cpu().numpy() - o_cpu) / np.linalg.norm(o_cpu)
+        assert err < 2 ** -6, (rep, err)
+
+
+def test_decode_plan_rejects_other_shapes_and_missing_workspace():
+    kv = torch.zeros(2, 64, 656, dtype=torch.uint8, device="cuda")
+    layer = mlakv.cache_layer(kv, "fp8_ds_mla")
+    q = torch.zeros(1, 1, 8, 576, device="cuda")
+    t = torch.zeros(1, 2, dtype=torch.int32, device="cuda")
+    sl = torch.ones(1, dtype=torch.int32, device="cuda")
+    out = torch.empty(1, 1, 8, 512, device="cuda")
+    lse = torch.empty(1, 1, 8, device="cuda")
+    plan = mlakv.DecodePlan(q, layer, t, sl, softmax_scale=0.1, num_splits=4, out=out, lse=lse)
+    assert plan.num_splits == 4 and plan.workspace_bytes > 0
+    with pytest.raises(ValueError, match="workspace"):
+        plan.run(q, layer, t, sl, out=out, lse=lse)
+    ws = torch.empty(plan.workspace_bytes, dtype=torch.uint8, device="cuda")
+    with pytest.raises(ValueError, match="q: differs from the planned tensor"):
+        plan.run(torch.zeros(2, 1, 8, 576, device="cuda"), layer, t, sl, out=out, lse=lse, workspace=ws)
+    with pytest.raises(ValueError, match="cache_layer: differs"):
+        plan.run(q, mlakv.cache_layer(torch.zeros(2, 64, 1152, dtype=torch.uint8, device="cuda"), "bf16"), t, sl,
+                 out=out, lse=lse, workspace=ws)
+    with pytest.raises(ValueError, match="workspace: needs"):
+        plan.run(q, layer, t, sl, out=out, lse=lse, workspace=ws[:16])
+    with pytest.raises(ValueError, match="CUDA cache layers"):
+        mlakv.DecodePlan(q.cpu(), mlakv.cache_layer(kv.cpu(), "fp8_ds_mla"), t.cpu(), sl.cpu(), softmax_scale=0.1,
+                         out=out.cpu(), lse=lse.cpu())
+    with pytest.raises(ValueError, match="num_splits"):
+        mlakv.DecodePlan(q, layer, t, sl, softmax_scale=0.1, num_splits=0, out=out, lse=lse)
+    plan.run(q, layer, t, sl, out=out, lse=lse, workspace=ws, stream=torch.cuda.current_stream().cuda_stream)
+    torch.cuda.synchronize()

@@ -127,3 +127,66 @@ def test_cuda_graph_replay_through_the_custom_ops():
         ref_o, _ = mlakv.mla_decode(q.cpu().numpy(), mlakv.cache_layer(ref_kv, fmt, outer_scale=0.5),
                                     table.cpu().numpy(), seqlens.cpu().numpy(), softmax_scale=0.1)
         assert np.linalg.norm(out.cpu().numpy() - ref_o) / np.linalg.norm(ref_o) < 2 ** -6
+
+
+RAW_CASES = {
+    # name: (op call on valid CPU tensors with one argument wrong, what the message names)
+    "format": ("torch.ops.mlakv.write_cache(kv, slots, lat, rope, 99, 1.0, False)", "format"),
+    "latent": ("torch.ops.mlakv.write_cache(kv, slots, lat[:, :500], rope, F, 1.0, False)", "latent"),
+    "kv_cache": ("torch.ops.mlakv.write_cache(kv[:, :, :655], slots, lat, rope, F, 1.0, False)", "kv_cache"),
+    "slots": ("torch.ops.mlakv.write_cache(kv, slots.float(), lat, rope, F, 1.0, False)", "slots"),
+    "nan": ("torch.ops.mlakv.write_cache(kv, slots, lat * float('nan'), rope, F, 1.0, False)", "nan"),
+    "out": ("torch.ops.mlakv.mla_decode(q, kv, table, sl, torch.empty(1, 1, 16, 511), lse, F, 1.0, 0.1, True, 1, "
+            "None)", "out"),
+    "seqlens": ("torch.ops.mlakv.mla_decode(q, kv, table, sl.long(), out, lse, F, 1.0, 0.1, True, 1, None)",
+                "seqlens"),
+    "scale": ("torch.ops.mlakv.mla_decode(q, kv, table, sl, out, lse, F, 1.0, -1.0, True, 1, None)",
+              "softmax_scale"),
+    "splits": ("torch.ops.mlakv.mla_decode(q, kv, table, sl, out, lse, F, 1.0, 0.1, True, 0, None)", "num_splits"),
+    "indices": ("torch.ops.mlakv.mla_decode_sparse(q, kv, table.view(1, 1, 3).long(), None, out, lse, F, 1.0, 0.1, "
+                "1, None)", "indices"),
+}
+
+
+@needs_ops
+@pytest.mark.parametrize("device", DEVICES)
+def test_raw_ops_raise_on_bad_arguments(device):
+    # torch.ops.mlakv.* called directly (not through the checking wrappers): the kernel's
+    # STD_TORCH_CHECK throws, and torch turns it into a RuntimeError naming the argument.
+    # In a child process, so that a crash fails this test (naming the case it died in)
+    # instead of killing pytest.
+    import os
+    import subprocess
+    import sys
+    cases = dict(RAW_CASES)
+    if device == "cuda":
+        del cases["nan"]  # the CUDA writer does not check for non-finite inputs (include/mlakv/cuda.h)
+        cases["device_mismatch"] = ("torch.ops.mlakv.write_cache(kv, slots.cpu(), lat, rope, F, 1.0, False)", "slots")
+    elif "cuda" in DEVICES:
+        cases["device_mismatch"] = ("torch.ops.mlakv.write_cache(kv, slots.cuda(), lat, rope, F, 1.0, False)", "slots")
+    body = "".join(f"""
+print("case {name}:", end=" ", flush=True)
+try:
+    {call}
+    print("NO ERROR", flush=True)
+except RuntimeError as e:
+    print("RuntimeError:", str(e).splitlines()[0], flush=True)
+""" for name, (call, _) in cases.items())
+    code = f"""
+import faulthandler, torch, mlakv.torch_ops as ops
+faulthandler.enable()
+F = ops.FORMATS["fp8_ds_mla"]
+d = "{device}"
+kv = torch.zeros(3, 64, 656, dtype=torch.uint8, device=d)
+slots, lat, rope = torch.arange(150, device=d), torch.randn(150, 512, device=d), torch.randn(150, 64, device=d)
+q = torch.randn(1, 1, 16, 576, device=d)
+table = torch.arange(3, dtype=torch.int32, device=d).view(1, 3)
+sl = torch.tensor([150], dtype=torch.int32, device=d)
+out, lse = torch.empty(1, 1, 16, 512, device=d), torch.empty(1, 1, 16, device=d)
+""" + body + "print('all cases ran', flush=True)\n"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=dict(os.environ))
+    assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout}\n{r.stderr[-3000:]}"
+    lines = dict(line.split(": ", 1) for line in r.stdout.splitlines() if line.startswith("case "))
+    for name, (_, names) in cases.items():
+        got = lines.get(f"case {name}", "")
+        assert got.startswith("RuntimeError:") and names in got, (name, got)

@@ -18,7 +18,9 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "mlakv/attention.h"
 #include "mlakv/cache.h"
@@ -36,12 +38,36 @@ using torch::headeronly::ScalarType;
 using torch::stable::Tensor;
 using namespace mlakv;
 
+// Errors: the message is concatenated as std::string (no iostreams) and thrown as
+// std::runtime_error, which torch's dispatcher hands to Python as RuntimeError. Not
+// STD_TORCH_CHECK: it formats its message with an std::ostringstream compiled into this
+// library, and on the GPU image (torch 2.11, Python 3.12, the image's CXX) that formatting
+// segfaulted inside std::ostream::_M_insert<long> before anything was thrown
+// (docs/gpu-logs/2026-12-01b-py13-torch-ops-crash.log); the throw itself is not the problem.
+std::string piece(const std::string& s) { return s; }
+std::string piece(const char* s) { return s; }
+template <class T>
+  requires std::is_arithmetic_v<T>
+std::string piece(T v) {
+  return std::to_string(v);
+}
+template <class... A>
+[[noreturn]] void fail(const A&... a) {
+  std::string m;
+  ((m += piece(a)), ...);
+  throw std::runtime_error(m);
+}
+#define MLAKV_OP_CHECK(cond, ...) \
+  do {                            \
+    if (!(cond)) fail(__VA_ARGS__); \
+  } while (0)
+
 void check(const Status& s, const char* op) {
-  STD_TORCH_CHECK(s.ok(), "mlakv.", op, ": ", s.message());
+  MLAKV_OP_CHECK(s.ok(), "mlakv.", op, ": ", s.message());
 }
 
 TensorView view(const Tensor& t, const char* name) {
-  STD_TORCH_CHECK(t.defined(), name, ": tensor is undefined");
+  MLAKV_OP_CHECK(t.defined(), name, ": tensor is undefined");
   TensorView v;
   v.data = t.data_ptr();
   switch (t.scalar_type()) {
@@ -51,28 +77,28 @@ TensorView view(const Tensor& t, const char* name) {
     case ScalarType::Int: v.dtype = DType::kI32; break;
     case ScalarType::Long: v.dtype = DType::kI64; break;
     case ScalarType::Byte: v.dtype = DType::kU8; break;
-    default: STD_TORCH_CHECK(false, name, ": unsupported dtype");
+    default: MLAKV_OP_CHECK(false, name, ": unsupported dtype");
   }
-  STD_TORCH_CHECK(t.dim() <= kMaxTensorDims, name, ": at most ", kMaxTensorDims, " dimensions");
+  MLAKV_OP_CHECK(t.dim() <= kMaxTensorDims, name, ": at most ", kMaxTensorDims, " dimensions");
   v.ndim = static_cast<int>(t.dim());
   for (int i = 0; i < v.ndim; ++i) {
     v.shape[static_cast<size_t>(i)] = t.size(i);
     v.strides[static_cast<size_t>(i)] = t.stride(i);
   }
   if (t.is_cuda()) v.device = Device::cuda(t.get_device_index());
-  else STD_TORCH_CHECK(t.is_cpu(), name, ": tensors must be on the CPU or a CUDA device");
+  else MLAKV_OP_CHECK(t.is_cpu(), name, ": tensors must be on the CPU or a CUDA device");
   return v;
 }
 
 CacheLayerView layer_of(const Tensor& kv, int64_t format, double outer_scale) {
-  STD_TORCH_CHECK(format >= 0 && format < static_cast<int64_t>(all_formats().size()), "format: unknown format code ",
+  MLAKV_OP_CHECK(format >= 0 && format < static_cast<int64_t>(all_formats().size()), "format: unknown format code ",
                   format, " (mlakv.torch_ops.FORMATS)");
   const KvFormat f = all_formats()[static_cast<size_t>(format)].format;
   const TensorView t = view(kv, "kv_cache");
-  STD_TORCH_CHECK(t.dtype == DType::kU8 && t.ndim == 3 && t.is_contiguous(),
+  MLAKV_OP_CHECK(t.dtype == DType::kU8 && t.ndim == 3 && t.is_contiguous(),
                   "kv_cache: expected a contiguous [num_blocks, block_size, record_bytes] uint8 tensor, got ",
                   t.shape_string());
-  STD_TORCH_CHECK(t.size(2) == record_bytes(f), "kv_cache: last dimension must be ", record_bytes(f), " for ",
+  MLAKV_OP_CHECK(t.size(2) == record_bytes(f), "kv_cache: last dimension must be ", record_bytes(f), " for ",
                   std::string(format_name(f)), ", got ", t.size(2));
   CacheLayerView c;
   c.data = static_cast<uint8_t*>(t.data);
@@ -96,13 +122,14 @@ ThreadPool* cpu_pool() {
 #ifdef MLAKV_TORCH_CUDA
 void* current_stream(const TensorView& t) {
   void* s = nullptr;
-  TORCH_ERROR_CODE_CHECK(aoti_torch_get_current_cuda_stream(t.device.index, &s));
+  MLAKV_OP_CHECK(aoti_torch_get_current_cuda_stream(t.device.index, &s) == AOTI_TORCH_SUCCESS,
+                 "torch's current CUDA stream of device ", t.device.index, " is not available");
   return s;
 }
 #endif
 
 void run_attention(MlaAttentionParams& p, int64_t num_splits, const std::optional<Tensor>& workspace) {
-  STD_TORCH_CHECK(num_splits >= 1, "num_splits: must be >= 1, got ", num_splits);
+  MLAKV_OP_CHECK(num_splits >= 1, "num_splits: must be >= 1, got ", num_splits);
   p.num_splits = static_cast<int>(num_splits);
   if (p.cache.device.type == DeviceType::kCpu) {
     check(mla_attention_cpu(p, {cpu_pool()}), "mla_decode");
@@ -113,17 +140,17 @@ void run_attention(MlaAttentionParams& p, int64_t num_splits, const std::optiona
   check(plan.status(), "mla_decode");
   void* ws = nullptr;
   if (plan->workspace_bytes > 0) {
-    STD_TORCH_CHECK(workspace.has_value(), "workspace: num_splits > 1 needs a CUDA uint8 workspace of ",
-                    plan->workspace_bytes, " bytes (mlakv.torch_ops.workspace_bytes)");
+    MLAKV_OP_CHECK(workspace.has_value(), "workspace: num_splits > 1 needs a CUDA uint8 workspace of ",
+                    plan->workspace_bytes, " bytes (mlakv.DecodePlan(...).workspace_bytes gives the size for a shape)");
     const TensorView w = view(*workspace, "workspace");
-    STD_TORCH_CHECK(w.device == p.cache.device && w.dtype == DType::kU8 && w.is_contiguous() &&
+    MLAKV_OP_CHECK(w.device == p.cache.device && w.dtype == DType::kU8 && w.is_contiguous() &&
                         static_cast<size_t>(w.numel()) >= plan->workspace_bytes,
                     "workspace: needs a contiguous uint8 tensor of >= ", plan->workspace_bytes, " bytes on the cache's device");
     ws = w.data;
   }
   check(cuda::run_mla_attention(p, *plan, ws, current_stream(p.q)), "mla_decode");
 #else
-  STD_TORCH_CHECK(false, "mla_decode: a CUDA cache, but this build of the mlakv ops has no CUDA backend");
+  MLAKV_OP_CHECK(false, "mla_decode: a CUDA cache, but this build of the mlakv ops has no CUDA backend");
 #endif
 }
 
@@ -139,7 +166,7 @@ void write_cache(Tensor kv_cache, Tensor slot_mapping, Tensor latent, Tensor rop
 #ifdef MLAKV_TORCH_CUDA
   check(cuda::write_cache(c, s, l, r, mode, current_stream(s)), "write_cache");
 #else
-  STD_TORCH_CHECK(false, "write_cache: a CUDA cache, but this build of the mlakv ops has no CUDA backend");
+  MLAKV_OP_CHECK(false, "write_cache: a CUDA cache, but this build of the mlakv ops has no CUDA backend");
 #endif
 }
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <memory>
 #include <sstream>
 
 #include "cli/cli.h"
@@ -40,28 +41,15 @@ Status run_eval(const EvalArgs& a) {
   if (a.text.empty() == a.tokens.empty()) return invalid_argument("give exactly one of --text FILE and --tokens FILE");
   if (a.threads < 0) return invalid_argument(fmt::format("--threads must be >= 0 (0 = all cores), got {}", a.threads));
   // Each entry: a format name, or an nvfp4 format + kTokenScaleSuffix (the per-token scale mode).
-  struct FormatRow {
-    KvFormat format;
-    bool token_scale;
-    bool operator==(const FormatRow&) const = default;
-  };
-  constexpr std::string_view kTokenScaleSuffix = "+token-scale";
-  std::vector<FormatRow> formats;
+  std::vector<EvalFormat> formats;
   {
     std::stringstream ss(a.formats);
     std::string f;
     while (std::getline(ss, f, ',')) {
       if (f.empty()) continue;
-      const bool ts = f.size() > kTokenScaleSuffix.size() && f.ends_with(kTokenScaleSuffix);
-      const std::string name = ts ? f.substr(0, f.size() - kTokenScaleSuffix.size()) : f;
-      const auto k = parse_format(name);
-      if (!k) return invalid_argument(fmt::format("--formats: unknown format '{}'", name));
-      if (ts && !is_nvfp4_format(*k)) {
-        return invalid_argument(fmt::format("--formats {}: {} is a mode of the nvfp4 formats only", f,
-                                            kTokenScaleSuffix));
-      }
-      const FormatRow row{*k, ts};
-      if (std::find(formats.begin(), formats.end(), row) == formats.end()) formats.push_back(row);
+      auto row = parse_eval_format(f);
+      if (!row.ok()) return invalid_argument("--" + row.status().message());  // "--formats: ..."
+      formats.push_back(*row);
     }
     if (formats.empty()) return invalid_argument("--formats: no format given");
   }
@@ -76,128 +64,50 @@ Status run_eval(const EvalArgs& a) {
   else if (!a.text.empty() || a.needle > 0) return t.status();
   MLAKV_ASSIGN_OR_RETURN(std::vector<int32_t> ids, input_tokens(a.text, a.tokens, tok ? &*tok : nullptr,
                                                                 model->vocab_size()));
-  const int64_t max_pos = model->config().max_position_embeddings;
-  if (max_pos > 0 && a.context > max_pos) {
-    return invalid_argument(fmt::format("--context {} exceeds the model's max_position_embeddings ({})", a.context,
-                                        max_pos));
-  }
-  // Check the windows first: too little input is an error before any work.
-  MLAKV_RETURN_IF_ERROR(eval_windows(ids, a.context, a.windows).status());
-
-  // Recipes: fork (outer scales), mlakv (the latent transform), or both.
-  bool want_fork = a.recipe.empty() || a.recipe == "fork" || a.recipe == "both";
-  bool want_mlakv = a.recipe == "mlakv" || a.recipe == "both";
-  if (!a.recipe.empty() && !want_fork && !want_mlakv)
+  if (!a.recipe.empty() && a.recipe != "fork" && a.recipe != "mlakv" && a.recipe != "both")
     return invalid_argument(fmt::format("--recipe must be fork, mlakv or both, got '{}'", a.recipe));
+  if (a.scales.empty() && !a.recipe.empty())
+    return invalid_argument("--recipe needs --scales (auto, or a calibration file)");
   const auto importance = parse_latent_importance(a.importance);
   if (!importance)
     return invalid_argument(fmt::format("--importance: unknown estimate '{}' (none, uniform, query, output, "
                                         "query+output)",
                                         a.importance));
-  if (a.scales.empty() && !a.recipe.empty())
-    return invalid_argument("--recipe needs --scales (auto, or a calibration file)");
-  // Calibrated sources: per --scales entry, auto (the --recipe ones, calibrated on the text
-  // after the eval windows) or a file of either kind (detected by its "format" key).
-  struct Source {
-    std::string label;
-    std::optional<OuterScales> fork;
-    std::shared_ptr<const FoldedLatentTransform> mlakv;
+  // The whole run is one library call (eval_model: the same as mlakv.Model.eval); one
+  // progress bar per stage, made when the stage reports first.
+  EvalRequest req;
+  req.formats = formats;
+  req.scales = a.scales;
+  req.recipe = a.recipe;
+  req.importance = *importance;
+  req.context = a.context;
+  req.windows = a.windows;
+  req.calib_windows = a.calib_windows;
+  req.needle = a.needle;
+  req.block_size = a.block_size;
+  std::string stage;
+  std::unique_ptr<Progress> pr;
+  req.progress = [&](std::string_view what, int64_t done, int64_t total) {
+    if (what != stage) {
+      stage = std::string(what);
+      std::string label;
+      if (what == "eval") {
+        label = fmt::format("teacher-forced eval: {} windows x {} tokens, reference + {} caches", a.windows, a.context,
+                            total / std::max<int64_t>(a.windows, 1) - 1);
+      } else if (what == "needle") {
+        label = fmt::format("needles: {} trials x {} caches (greedy decode)", a.needle, total / std::max(a.needle, 1));
+      } else {
+        label = fmt::format("{} on text after the eval windows", what);
+      }
+      pr.reset();
+      pr = std::make_unique<Progress>(label, total, progress);
+    }
+    pr->update(done);
   };
-  std::vector<Source> sources;
-  for (const std::string& src : a.scales) {
-    if (src == "auto") {
-      const int64_t skip = a.context * a.windows;
-      if (want_fork) {
-        auto s = calibrate_outer_scales(*model, ids, a.context, a.calib_windows, skip,
-                                        [&, pr = std::make_shared<Progress>(
-                                                "calibrating (fork recipe) on text after the eval windows",
-                                                a.calib_windows, progress)](std::string_view, int64_t d, int64_t) {
-                                          pr->update(d);
-                                        });
-        if (!s.ok()) return s.status().with_context("--scales auto (calibration windows follow the eval windows)");
-        sources.push_back({"auto", std::move(s).value(), nullptr});
-      }
-      if (want_mlakv) {
-        LatentTransformRecipe r;
-        r.importance = *importance;
-        auto c = calibrate_latent_transform(
-            *model, ids, a.context, a.calib_windows, skip, r,
-            [&, pr = std::make_shared<Progress>("calibrating (mlakv recipe) on text after the eval windows",
-                                                2 * a.calib_windows, progress)](std::string_view, int64_t d,
-                                                                                int64_t) { pr->update(d); });
-        if (!c.ok()) return c.status().with_context("--scales auto (calibration windows follow the eval windows)");
-        MLAKV_ASSIGN_OR_RETURN(auto folded, model->fold_latent_transform(c->transform));
-        sources.push_back({"auto", std::nullopt, std::move(folded)});
-      }
-      continue;
-    }
-    MLAKV_ASSIGN_OR_RETURN(ScaleFile f, load_scale_file(src));
-    const std::string label = fs::path(src).filename().string();
-    if (f.kind == ScaleFile::Kind::kOuterScales) {
-      if (!a.recipe.empty() && !want_fork)
-        return invalid_argument(fmt::format("--scales {}: a fork-recipe file ({}) with --recipe {}", src,
-                                            kOuterScaleFileFormat, a.recipe));
-      if (f.outer_scales.num_layers() < model->num_layers()) {
-        return invalid_argument(fmt::format("--scales {}: {} layers, the model has {}", src,
-                                            f.outer_scales.num_layers(), model->num_layers()));
-      }
-      sources.push_back({label, std::move(f.outer_scales), nullptr});
-    } else {
-      if (!a.recipe.empty() && !want_mlakv)
-        return invalid_argument(fmt::format("--scales {}: an mlakv-recipe file ({}) with --recipe {}", src,
-                                            kLatentTransformFileFormat, a.recipe));
-      auto folded = model->fold_latent_transform(f.transform);
-      if (!folded.ok()) return folded.status().with_context(fmt::format("--scales {}", src));
-      sources.push_back({label, std::nullopt, std::move(folded).value()});
-    }
-  }
-  std::vector<EvalCacheSpec> specs;
-  for (const FormatRow& fr : formats) {
-    const KvFormat f = fr.format;
-    if (fr.token_scale) {  // the mode replaces s_l: one row, no --scales / recipe variant
-      EvalCacheSpec t{f, {}, "token"};
-      t.token_scale = true;
-      specs.push_back(std::move(t));
-      continue;
-    }
-    specs.push_back({f, {}, "none", nullptr, "none"});
-    for (const Source& s : sources) {
-      if (s.fork && format_info(f).has_outer_scale) specs.push_back({f, *s.fork, s.label, nullptr, "fork"});
-      // The transform applies to every lossy format (its s_l only where the format has an outer scale).
-      if (s.mlakv && f != KvFormat::kF32) specs.push_back({f, {}, s.label, s.mlakv, "mlakv"});
-    }
-  }
-  EvalReport rep;
-  {
-    Progress pr(fmt::format("teacher-forced eval: {} windows x {} tokens, reference + {} caches", a.windows,
-                            a.context, specs.size()),
-                a.windows * static_cast<int64_t>(1 + specs.size()), progress);
-    MLAKV_ASSIGN_OR_RETURN(rep, evaluate(*model, ids, specs,
-                                         EvalOptions{.context = a.context, .windows = a.windows,
-                                                     .block_size = a.block_size,
-                                                     .progress = [&](std::string_view, int64_t d, int64_t) {
-                                                       pr.update(d);
-                                                     }}));
-  }
-  if (a.needle > 0) {
-    if (max_pos <= 0) return invalid_argument("--needle needs max_position_embeddings in the model's config.json");
-    MLAKV_ASSIGN_OR_RETURN(std::vector<NeedleTrial> trials, make_needle_trials(*tok, ids, max_pos, a.needle));
-    Progress pr(fmt::format("needles: {} trials x {} caches (greedy decode)", a.needle, specs.size() + 1),
-                static_cast<int64_t>(trials.size() * (specs.size() + 1)), progress);
-    int64_t done = 0;
-    for (const NeedleTrial& t : trials) {
-      MLAKV_ASSIGN_OR_RETURN(NeedleAnswer r, run_needle_trial(*model, *tok, t, nullptr, a.block_size));
-      rep.reference_needle_found += r.found;
-      ++rep.reference_needle_total;
-      pr.update(++done);
-      for (std::size_t i = 0; i < specs.size(); ++i) {
-        MLAKV_ASSIGN_OR_RETURN(NeedleAnswer q, run_needle_trial(*model, *tok, t, &specs[i], a.block_size));
-        rep.rows[i].needle_found += q.found;
-        ++rep.rows[i].needle_total;
-        pr.update(++done);
-      }
-    }
-  }
+  auto report = eval_model(*model, tok ? &*tok : nullptr, ids, req);
+  pr.reset();
+  if (!report.ok()) return report.status();
+  EvalReport rep = std::move(report).value();
   if (!a.plot.empty()) {
     const std::string svg = eval_plot_svg(
         rep, fmt::format("mlakv eval: {} ({} windows x {} tokens)", fs::path(a.model).filename().string(), a.windows,
@@ -206,38 +116,7 @@ Status run_eval(const EvalArgs& a) {
   }
   const double ref_tps = rep.reference_seconds > 0 ? rep.reference_tokens / rep.reference_seconds : 0;
   if (a.json) {
-    nlohmann::json j;
-    j["model"] = a.model;
-    j["context"] = a.context;
-    j["windows"] = a.windows;
-    j["positions"] = rep.reference.count();
-    j["reference"] = {{"ppl", rep.reference.ppl_ref()},
-                      {"bits_per_token", rep.reference.bits_per_token_q()},
-                      {"tokens_per_s", ref_tps},
-                      {"needle_found", rep.reference_needle_found},
-                      {"needle_total", rep.reference_needle_total}};
-    nlohmann::json rows = nlohmann::json::array();
-    for (const EvalRow& r : rep.rows) {
-      nlohmann::json b = nlohmann::json::array();
-      for (double v : r.kld.kld_by_bucket()) b.push_back(std::isfinite(v) ? nlohmann::json(v) : nlohmann::json());
-      rows.push_back({{"format", format_name(r.spec.format)},
-                      {"record_bytes", record_bytes(r.spec.format)},
-                      {"recipe", r.spec.recipe},
-                      {"scales", r.spec.scales_label},
-                      {"token_scale", r.spec.token_scale},
-                      {"kld_mean", r.kld.kld_mean()},
-                      {"kld_p99", r.kld.kld_p99()},
-                      {"kld_max", r.kld.kld_max()},
-                      {"kld_by_position_bucket", b},
-                      {"top1_agree", r.kld.top1_agree()},
-                      {"ppl", r.kld.ppl_q()},
-                      {"bits_per_token", r.kld.bits_per_token_q()},
-                      {"tokens_per_s", r.seconds > 0 ? r.tokens / r.seconds : 0},
-                      {"needle_found", r.needle_found},
-                      {"needle_total", r.needle_total}});
-    }
-    j["formats"] = rows;
-    print_json(j);
+    fmt::print("{}\n", eval_report_json(rep, a.model, a.context, a.windows));
     return Status::Ok();
   }
   fmt::print("mlakv eval: {} ({}, {} layers), {} windows x {} tokens ({} positions scored)\n", a.model,
@@ -281,7 +160,6 @@ Status run_generate(const GenArgs& a) {
   EvalCacheSpec spec;
   // "reference" is the unquantized f32 record format, the reference `eval` measures against;
   // an nvfp4 format + "+token-scale" is that format in the per-token scale mode.
-  constexpr std::string_view kTokenScaleSuffix = "+token-scale";
   const bool ts = a.format.size() > kTokenScaleSuffix.size() && a.format.ends_with(kTokenScaleSuffix);
   const std::string name = ts ? a.format.substr(0, a.format.size() - kTokenScaleSuffix.size()) : a.format;
   const auto f = name == "reference" ? std::optional<KvFormat>(KvFormat::kF32) : parse_format(name);
