@@ -374,6 +374,7 @@ std::string case_name(const AttnCase& a) {
   if (!c.causal) s += "_full";
   if (c.bf16_q) s += "_bf16q";
   if (c.topk_length) s += "_topklen";
+  if (c.token_scale) s += "_tokenscale";
   if (a.graph) s += "_graph";
   return s;
 }
