@@ -759,6 +759,7 @@ TEST_F(Cuda, HopperWarpgroupKernelTileEdges) {
   KernelEnv env("sm90");
   for (KvFormat f : kFormats) {
     if (f == KvFormat::kBf16) continue;  // the bf16 format runs the v7 kernel (covered above)
+    if (f == KvFormat::kNvfp4DsMlaInt8Rope) continue;  // served by the sm80 kernel for now (attention_path)
     for (int variant = 0; variant < 3; ++variant) {
       Case c;
       c.format = f;
