@@ -284,6 +284,22 @@ class PagedCache {
 
 // ---- attention ------------------------------------------------------------------------------------
 
+// The token set of a decode: dense (block_table + seqlens) or sparse (indices [+ topk_length]).
+void set_token_set(MlaAttentionParams& p, const std::optional<AnyArray>& block_table,
+                   const std::optional<AnyArray>& seqlens, const std::optional<AnyArray>& indices,
+                   const std::optional<AnyArray>& topk_length) {
+  if (indices) {
+    p.indices = view_of(*indices, "indices");
+    if (topk_length) p.topk_length = view_of(*topk_length, "topk_length");
+    if (block_table || seqlens) throw nb::value_error("block_table/seqlens: sparse decode (indices=) takes neither");
+  } else {
+    if (!block_table || !seqlens) throw nb::value_error("block_table and seqlens are required for dense decode");
+    if (topk_length) throw nb::value_error("topk_length: only with indices= (sparse decode)");
+    p.block_table = view_of(*block_table, "block_table");
+    p.seqlens = view_of(*seqlens, "seqlens");
+  }
+}
+
 nb::object mla_decode(const AnyArray& q, const CacheLayer& layer, std::optional<AnyArray> block_table,
                       std::optional<AnyArray> seqlens, float softmax_scale, bool causal,
                       std::optional<AnyArray> indices, std::optional<AnyArray> topk_length,
@@ -303,16 +319,7 @@ nb::object mla_decode(const AnyArray& q, const CacheLayer& layer, std::optional<
     throw nb::value_error("out/lse: on CUDA the caller passes out [B, S, H, 512] f32 and lse [B, S, H] f32 "
                           "(mla_decode allocates nothing on the device, so it can be captured in a CUDA graph)");
   }
-  if (indices) {
-    p.indices = view_of(*indices, "indices");
-    if (topk_length) p.topk_length = view_of(*topk_length, "topk_length");
-    if (block_table || seqlens) throw nb::value_error("block_table/seqlens: sparse decode (indices=) takes neither");
-  } else {
-    if (!block_table || !seqlens) throw nb::value_error("block_table and seqlens are required for dense decode");
-    if (topk_length) throw nb::value_error("topk_length: only with indices= (sparse decode)");
-    p.block_table = view_of(*block_table, "block_table");
-    p.seqlens = view_of(*seqlens, "seqlens");
-  }
+  set_token_set(p, block_table, seqlens, indices, topk_length);
   p.softmax_scale = softmax_scale;
   p.causal = causal;
   if (p.q.ndim != 4) {
@@ -983,16 +990,7 @@ class DecodePlan {
       throw nb::value_error(("cache_layer: DecodePlan is for CUDA cache layers, got one on " + device_name(p.cache.device) +
                              " (on the CPU call mlakv.mla_decode)").c_str());
     }
-    if (indices) {
-      p.indices = view_of(*indices, "indices");
-      if (topk_length) p.topk_length = view_of(*topk_length, "topk_length");
-      if (block_table || seqlens) throw nb::value_error("block_table/seqlens: sparse decode (indices=) takes neither");
-    } else {
-      if (!block_table || !seqlens) throw nb::value_error("block_table and seqlens are required for dense decode");
-      if (topk_length) throw nb::value_error("topk_length: only with indices= (sparse decode)");
-      p.block_table = view_of(*block_table, "block_table");
-      p.seqlens = view_of(*seqlens, "seqlens");
-    }
+    set_token_set(p, block_table, seqlens, indices, topk_length);
     p.softmax_scale = softmax_scale;
     p.causal = causal;
     p.out = view_of(out, "out");
