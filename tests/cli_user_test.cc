@@ -285,7 +285,8 @@ TEST_F(CliUser, CodecTokenScaleMode) {
   // stats --token-scale: group scales against amax(latent / s_t) / 6 (448 / 448: exact here).
   r = run("codec stats --format all --token-scale --in " + path("in.f32") + " --json");
   ASSERT_EQ(r.rc, 0) << r.err;
-  for (const Json& f : json_of(r)["formats"]) {
+  const Json stats = json_of(r);  // (a range-for over json_of(r)["formats"] reads a destroyed temporary)
+  for (const Json& f : stats["formats"]) {
     if (f["format"].get<std::string>().rfind("nvfp4", 0) != 0) continue;
     EXPECT_NE(f["scales"]["what"].get<std::string>().find("s_t"), std::string::npos) << f;
     EXPECT_EQ(f["scales"]["subnormal_group_scales"], 0) << f;
