@@ -102,23 +102,13 @@ static_assert(kRecordBytes == 368);
 // the rope as int8: [0,288) as nvfp4_ds_mla, fp32 rope scale rs = amax_rope * f32(1/127),
 // 12 zero bytes (or the token scale), 64 x int8 rope q = rne(v / rs) clamped to [-127, 127].
 namespace nvfp4_ds_mla_int8rope {
-inline constexpr int kGroupDim = nvfp4_ds_mla::kGroupDim;
-inline constexpr int kNumGroups = nvfp4_ds_mla::kNumGroups;
-inline constexpr int kLatentOffset = nvfp4_ds_mla::kLatentOffset;
-inline constexpr int kLatentBytes = nvfp4_ds_mla::kLatentBytes;
-inline constexpr int kScaleOffset = nvfp4_ds_mla::kScaleOffset;   // 256
-inline constexpr int kRopeScaleOffset = nvfp4_ds_mla::kPadOffset;  // 288
-inline constexpr int kPadOffset = kRopeScaleOffset + 4;            // 292
-inline constexpr int kPadBytes = 12;
-inline constexpr int kRopeOffset = kPadOffset + kPadBytes;         // 304
-inline constexpr int kRecordBytes = kRopeOffset + kRopeDim;        // 368
-inline constexpr int kInt8Max = 127;                               // codes -127..127 (-128 never written)
+// The same byte layout as nvfp4_ds_mla_fp8rope (its offsets, sizes and s_t slot); only the
+// rope's codes and their scale factor differ (declared here, so they win qualified lookup).
+using namespace nvfp4_ds_mla_fp8rope;
+inline constexpr int kInt8Max = 127;  // codes -127..127 (-128 never written)
 // rs = amax * f32(1/127): the double 1/127 rounded once to float, as the fork spells 1/448.
 inline constexpr float kRopeScaleFactor = static_cast<float>(1.0 / 127.0);
-inline constexpr int kTokenScaleOffset = kPadOffset;               // 292: s_t in token-scale mode
-static_assert(kRecordBytes == 368);
-static_assert(kRecordBytes == nvfp4_ds_mla_fp8rope::kRecordBytes && kRopeOffset == nvfp4_ds_mla_fp8rope::kRopeOffset &&
-              kRopeScaleOffset == nvfp4_ds_mla_fp8rope::kRopeScaleOffset);
+static_assert(kRecordBytes == 368 && kRopeOffset == 304 && kRopeScaleOffset == 288);
 }  // namespace nvfp4_ds_mla_int8rope
 
 // The per-token scale mode of the nvfp4 formats (the local-inference-lab fork's

@@ -176,28 +176,36 @@ MLAKV_HD void encode_nvfp4_record(const float* latent, const float* rope, float 
   for (int i = 0; i < kRopeDim; ++i) store_u16(rec + N::kRopeOffset + 2 * i, f32_to_bf16(rope[i]));
 }
 
-MLAKV_HD void encode_nvfp4_fp8rope_record(const float* latent, const float* rope, float outer_scale,
-                                          uint8_t* rec, bool token_scale = false) {
-  namespace N = layout::nvfp4_ds_mla_fp8rope;
+// The two 368 B records (same layout): e4m3 rope with rs = amax / 448, or int8 rope with
+// rs = amax / 127.
+template <KvFormat F>
+MLAKV_HD void encode_nvfp4_scaled_rope_record(const float* latent, const float* rope, float outer_scale, uint8_t* rec,
+                                              bool token_scale) {
+  static_assert(F == KvFormat::kNvfp4DsMlaFp8Rope || F == KvFormat::kNvfp4DsMlaInt8Rope);
+  namespace N = layout::nvfp4_ds_mla_fp8rope;  // the int8 record's layout too
   for (int i = 0; i < N::kPadBytes; ++i) rec[N::kPadOffset + i] = 0;
   encode_nvfp4_latent_mode(latent, outer_scale, token_scale, rec);
   float amax = 0.0f;
   for (int i = 0; i < kRopeDim; ++i) amax = fmax_f(amax, fabs_f(rope[i]));
-  const float rs = rope_fp8_scale(amax);
-  store_f32(rec + N::kRopeScaleOffset, rs);
-  for (int i = 0; i < kRopeDim; ++i) rec[N::kRopeOffset + i] = rope_fp8_quantize(rope[i], rs);
+  if constexpr (F == KvFormat::kNvfp4DsMlaFp8Rope) {
+    const float rs = rope_fp8_scale(amax);
+    store_f32(rec + N::kRopeScaleOffset, rs);
+    for (int i = 0; i < kRopeDim; ++i) rec[N::kRopeOffset + i] = rope_fp8_quantize(rope[i], rs);
+  } else {
+    const float rs = rope_int8_scale(amax);
+    store_f32(rec + N::kRopeScaleOffset, rs);
+    for (int i = 0; i < kRopeDim; ++i) rec[N::kRopeOffset + i] = static_cast<uint8_t>(rope_int8_quantize(rope[i], rs));
+  }
+}
+
+MLAKV_HD void encode_nvfp4_fp8rope_record(const float* latent, const float* rope, float outer_scale,
+                                          uint8_t* rec, bool token_scale = false) {
+  encode_nvfp4_scaled_rope_record<KvFormat::kNvfp4DsMlaFp8Rope>(latent, rope, outer_scale, rec, token_scale);
 }
 
 MLAKV_HD void encode_nvfp4_int8rope_record(const float* latent, const float* rope, float outer_scale,
                                            uint8_t* rec, bool token_scale = false) {
-  namespace N = layout::nvfp4_ds_mla_int8rope;
-  for (int i = 0; i < N::kPadBytes; ++i) rec[N::kPadOffset + i] = 0;
-  encode_nvfp4_latent_mode(latent, outer_scale, token_scale, rec);
-  float amax = 0.0f;
-  for (int i = 0; i < kRopeDim; ++i) amax = fmax_f(amax, fabs_f(rope[i]));
-  const float rs = rope_int8_scale(amax);
-  store_f32(rec + N::kRopeScaleOffset, rs);
-  for (int i = 0; i < kRopeDim; ++i) rec[N::kRopeOffset + i] = static_cast<uint8_t>(rope_int8_quantize(rope[i], rs));
+  encode_nvfp4_scaled_rope_record<KvFormat::kNvfp4DsMlaInt8Rope>(latent, rope, outer_scale, rec, token_scale);
 }
 
 MLAKV_HD void encode_f32_record(const float* latent, int latent_dim, const float* rope, int rope_dim, uint8_t* rec) {
