@@ -111,6 +111,7 @@ constexpr std::size_t smem_bytes() {
   return static_cast<std::size_t>(stages<F>()) * kT * Fmt<F>::kStride + fixed_bytes<F>();
 }
 static_assert(stages<KvFormat::kBf16>() >= 2 && stages<KvFormat::kFp8DsMla>() >= 2);
+static_assert(split_granule(KvFormat::kBf16) == kT);  // v7 rounds split chunks to kT (launch.h)
 
 [[maybe_unused]] constexpr bool is_nvfp4(KvFormat f) { return f == KvFormat::kNvfp4DsMla || f == KvFormat::kNvfp4DsMlaFp8Rope; }
 [[maybe_unused]] constexpr bool f16_latent(KvFormat f) { return f != KvFormat::kBf16; }
@@ -382,6 +383,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_sm90_kernel(const __gri
   uint32_t* vmask = reinterpret_cast<uint32_t*>(empty + kMaxStages);
   int32_t* row_vis = reinterpret_cast<int32_t*>(vmask + kMaxStages);
   int32_t* row_e = row_vis + kRows;
+  ptx::launch_dependents();  // smxx's combine may launch now (it waits for this grid's results)
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int row_block = blockIdx.x, split = blockIdx.z;
@@ -770,6 +772,7 @@ constexpr std::size_t wg_smem_bytes() {
 }
 static_assert(wg_stages<KvFormat::kFp8DsMla>() >= 2 && wg_stages<KvFormat::kNvfp4DsMla>() >= 2 &&
               wg_stages<KvFormat::kNvfp4DsMlaFp8Rope>() >= 2);
+static_assert(split_granule(KvFormat::kFp8DsMla) == kWgTile);  // v8 rounds split chunks to kWgTile (launch.h)
 
 // Byte offset of element (row n, k index kk) of a 16 x 16 B block (K-major, no swizzle:
 // core matrices (n / 8, kk / 8) at 256 (n / 8) + 128 (kk / 8), rows 16 B apart).
@@ -921,6 +924,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_wg_kernel(const __grid_
   uint32_t* vmask = reinterpret_cast<uint32_t*>(empty + kMaxStages);
   int32_t* row_vis = reinterpret_cast<int32_t*>(vmask + kMaxStages);
   float* row_sc = reinterpret_cast<float*>(row_vis + kRows);
+  ptx::launch_dependents();  // smxx's combine may launch now (it waits for this grid's results)
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int row_block = blockIdx.x, split = blockIdx.z;
