@@ -49,10 +49,16 @@ int suggest_num_splits(const MlaAttentionParams& p, int multiprocessors) {
     // split's chunk up to whole tiles, so more splits than tiles, or a count that does
     // not divide the tiles evenly, leaves splits empty (at B = 1, 64 splits of 2048
     // tokens were 32 busy CTAs and 32 empty partials for the combine). Split into whole
-    // tiles, as few splits as give every split the same tile count.
+    // tiles, as few splits as give every split the same tile count. Where one tile per
+    // split would put more than one CTA on an SM, give each split two tiles or more
+    // (the second tile's copies overlap the first's math): B = 8, H = 8, top-k 2048 on
+    // the H200 took 30.0 us at 16 splits against 32.8 at 32 (docs/perf.md, "tp").
     const int64_t granule = k.split_granule != nullptr ? k.split_granule(p.cache.format) : 1;
     const int64_t tiles = std::max<int64_t>(1, (p.indices.size(2) + granule - 1) / granule);
-    const int64_t per = (tiles + std::min(splits, tiles) - 1) / std::min(splits, tiles);
+    int64_t cap = tiles;
+    if (ctas * std::min(splits, tiles) > multiprocessors) cap = std::max<int64_t>(1, tiles / 2);
+    const int64_t s0 = std::min(splits, cap);
+    const int64_t per = (tiles + s0 - 1) / s0;
     splits = (tiles + per - 1) / per;
   }
   return static_cast<int>(splits);

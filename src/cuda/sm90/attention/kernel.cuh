@@ -996,11 +996,22 @@ __global__ void __launch_bounds__(kThreads, 2) attention_wg_kernel(const __grid_
       return ok ? v : 0.0f;
     };
     const float lat_base = is_nvfp4(F) ? p.outer_scale * 128.0f : 1.0f;
+    // The row's 72 values of this thread, every load issued before the first use (one
+    // memory round trip; a partly unrolled loop here cost ~9 dependent round trips, most
+    // of a 1-tile split's time at B <= 8). The pass below re-reads q from L1.
+    float qv[kQkDim / 8];
+    if (p.q_bf16) {
+#pragma unroll
+      for (int k = 0; k < kQkDim / 8; ++k) qv[k] = bf16_to_f32(static_cast<const uint16_t*>(p.q)[off + sub + 8 * k]);
+    } else {
+#pragma unroll
+      for (int k = 0; k < kQkDim / 8; ++k) qv[k] = static_cast<const float*>(p.q)[off + sub + 8 * k];
+    }
     float amax = 0.0f;
-#pragma unroll 8
+#pragma unroll
     for (int k = 0; k < kQkDim / 8; ++k) {
       const int d = sub + 8 * k;
-      amax = fmaxf(amax, fabsf(q_at(d) * (d < kLatentDim ? lat_base : 1.0f)));
+      amax = fmaxf(amax, fabsf((ok ? qv[k] : 0.0f) * (d < kLatentDim ? lat_base : 1.0f)));
     }
     amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 1));
     amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 2));
