@@ -997,8 +997,9 @@ __global__ void __launch_bounds__(kThreads, 2) attention_wg_kernel(const __grid_
     };
     const float lat_base = is_nvfp4(F) ? p.outer_scale * 128.0f : 1.0f;
     // The row's 72 values of this thread, every load issued before the first use (one
-    // memory round trip; a partly unrolled loop here cost ~9 dependent round trips, most
-    // of a 1-tile split's time at B <= 8). The pass below re-reads q from L1.
+    // memory round trip; the loop unrolled by 8 here made ~9 dependent ones: 2.5-3.5 us
+    // of a one-tile split's ~18 us at B = 1, docs/perf.md "tp"). The pass below re-reads
+    // q from L1.
     float qv[kQkDim / 8];
     if (p.q_bf16) {
 #pragma unroll
