@@ -8,7 +8,9 @@
 // --reps. Bytes = q + cache records read + out; FLOPs = 2 H s_q tokens (576 + 512).
 // On an sm_90 device every attention shape runs on both kernels (MLAKV_CUDA_ATTENTION
 // = sm80, the portable mma.sync kernel, then sm90, the warp-specialized Hopper kernel)
-// over the same cache contents, each with its own suggested split count.
+// over the same cache contents, each with its own suggested split count (and, with
+// --splits N[,M...], at those split counts too). The last column, xfloor, is the step
+// time over the DRAM floor (bytes / the measured copy bandwidth).
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <curand.h>
@@ -125,12 +127,15 @@ struct Result {
   std::string format, kind;
   int B, H, s_q, ctx, topk, splits;
   double ms, tokens_per_s, tbps, tflops, frac_bw, frac_mm;
+  bool suggested;  // the split count suggest_num_splits gave (else a --splits one)
+  double floor_ms;  // bytes / copy bandwidth
 };
 
 // Times the shape once per attention kernel that can run it (MLAKV_CUDA_ATTENTION=sm80,
 // then sm90 where the device has it), on the same cache contents.
 std::vector<Result> run_shape(KvFormat f, const Shape& sh, int reps, double copy_tbps, double mm_tflops,
-                              curandGenerator_t gen, int sms, const std::vector<std::string>& kernels) {
+                              curandGenerator_t gen, int sms, const std::vector<std::string>& kernels,
+                              const std::vector<int>& extra_splits) {
   const int64_t B = sh.B, T = static_cast<int64_t>(sh.B) * sh.ctx;
   const int bs = 64;
   const int64_t blocks_per_req = (sh.ctx + bs - 1) / bs;
@@ -183,30 +188,37 @@ std::vector<Result> run_shape(KvFormat f, const Shape& sh, int reps, double copy
   std::vector<Result> results;
   for (const std::string& kernel : kernels) {
     setenv("MLAKV_CUDA_ATTENTION", kernel.c_str(), 1);
-    p.num_splits = cuda::suggest_num_splits(p, sms);
-    auto plan = cuda::plan_mla_attention(p);
-    if (!plan.ok() && kernel != "sm80") {  // a format or mode this kernel does not serve (the path says why)
-      std::printf("%-8s %-22s skipped: %s\n", kernel.c_str(), std::string(format_name(f)).c_str(),
-                  plan.status().message().substr(0, 80).c_str());
-      continue;
+    const int suggested = cuda::suggest_num_splits(p, sms);
+    std::vector<int> split_list = {suggested};
+    for (int s : extra_splits) {
+      if (std::find(split_list.begin(), split_list.end(), s) == split_list.end()) split_list.push_back(s);
     }
-    check(plan.status(), "plan");
-    void* ws = nullptr;
-    if (plan->workspace_bytes > 0) CHECK_CUDA(cudaMalloc(&ws, plan->workspace_bytes));
-    const double ms = time_ms(reps, [&] { check(cuda::run_mla_attention(p, *plan, ws, nullptr), "run"); });
-    CHECK_CUDA(cudaGetLastError());
-    const double tokens = sh.kind == "sparse" ? static_cast<double>(B) * sh.s_q * sh.topk : static_cast<double>(T);
-    const double bytes =
-        static_cast<double>(rows) * kQkDim * 4 + tokens * rb + static_cast<double>(rows) * (kLatentDim + 1) * 4;
-    const double per_req_tokens = sh.kind == "sparse" ? static_cast<double>(sh.topk) : static_cast<double>(sh.ctx);
-    const double flops = 2.0 * sh.H * sh.s_q * per_req_tokens * (kQkDim + kLatentDim) * B;
-    Result r{cuda::attention_path_name(plan->path), std::string(format_name(f)), sh.kind, sh.B, sh.H, sh.s_q, sh.ctx,
-             sh.topk, p.num_splits, ms, tokens / (ms * 1e-3), bytes / (ms * 1e-3) * 1e-12,
-             flops / (ms * 1e-3) * 1e-12, 0, 0};
-    r.frac_bw = r.tbps / copy_tbps;
-    r.frac_mm = r.tflops / mm_tflops;
-    results.push_back(r);
-    cudaFree(ws);
+    for (int splits : split_list) {
+      p.num_splits = splits;
+      auto plan = cuda::plan_mla_attention(p);
+      if (!plan.ok() && kernel != "sm80") {  // a format or mode this kernel does not serve (the path says why)
+        std::printf("%-8s %-22s skipped: %s\n", kernel.c_str(), std::string(format_name(f)).c_str(),
+                    plan.status().message().substr(0, 80).c_str());
+        break;
+      }
+      check(plan.status(), "plan");
+      void* ws = nullptr;
+      if (plan->workspace_bytes > 0) CHECK_CUDA(cudaMalloc(&ws, plan->workspace_bytes));
+      const double ms = time_ms(reps, [&] { check(cuda::run_mla_attention(p, *plan, ws, nullptr), "run"); });
+      CHECK_CUDA(cudaGetLastError());
+      const double tokens = sh.kind == "sparse" ? static_cast<double>(B) * sh.s_q * sh.topk : static_cast<double>(T);
+      const double bytes =
+          static_cast<double>(rows) * kQkDim * 4 + tokens * rb + static_cast<double>(rows) * (kLatentDim + 1) * 4;
+      const double per_req_tokens = sh.kind == "sparse" ? static_cast<double>(sh.topk) : static_cast<double>(sh.ctx);
+      const double flops = 2.0 * sh.H * sh.s_q * per_req_tokens * (kQkDim + kLatentDim) * B;
+      Result r{cuda::attention_path_name(plan->path), std::string(format_name(f)), sh.kind, sh.B, sh.H, sh.s_q, sh.ctx,
+               sh.topk, p.num_splits, ms, tokens / (ms * 1e-3), bytes / (ms * 1e-3) * 1e-12,
+               flops / (ms * 1e-3) * 1e-12, 0, 0, splits == suggested, bytes / (copy_tbps * 1e12) * 1e3};
+      r.frac_bw = r.tbps / copy_tbps;
+      r.frac_mm = r.tflops / mm_tflops;
+      results.push_back(r);
+      cudaFree(ws);
+    }
   }
   unsetenv("MLAKV_CUDA_ATTENTION");
   cudaFree(d_idx);
@@ -283,6 +295,7 @@ double writer_gbps(KvFormat f, int reps, curandGenerator_t gen, bool token_scale
 int main(int argc, char** argv) {
   int reps = 30;
   std::vector<int> only_shapes;  // --shape I[,J...]: those shape indices only
+  std::vector<int> extra_splits;  // --splits N[,M...]: those split counts too
   bool skip_ceilings = false;
   std::string json_path, only, only_kernel;
   for (int i = 1; i < argc; ++i) {
@@ -298,10 +311,23 @@ int main(int argc, char** argv) {
         pos = comma + 1;
       }
     }
+    else if (a == "--splits" && i + 1 < argc) {
+      const std::string list = argv[++i];
+      for (std::size_t pos = 0; pos <= list.size();) {
+        const std::size_t comma = std::min(list.find(',', pos), list.size());
+        const int s = std::atoi(list.substr(pos, comma - pos).c_str());
+        if (s < 1 || s > 256) {
+          std::fprintf(stderr, "error: --splits takes split counts in [1, 256], got '%s'\n", list.c_str());
+          return 2;
+        }
+        extra_splits.push_back(s);
+        pos = comma + 1;
+      }
+    }
     else if (a == "--no-ceilings") skip_ceilings = true;
     else if (a == "--kernel" && i + 1 < argc) only_kernel = argv[++i];
     else {
-      std::fprintf(stderr, "error: unknown argument '%s' (usage: bench_cuda [--reps N] [--json PATH] [--format F] [--shape I[,J...]] [--kernel sm80|sm90] [--no-ceilings])\n", a.c_str());
+      std::fprintf(stderr, "error: unknown argument '%s' (usage: bench_cuda [--reps N] [--json PATH] [--format F] [--shape I[,J...]] [--splits N[,M...]] [--kernel sm80|sm90] [--no-ceilings])\n", a.c_str());
       return 2;
     }
   }
@@ -338,8 +364,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> kernels = {"sm80"};
   if (props->major == 9) kernels.push_back("sm90");
   if (!only_kernel.empty()) kernels = {only_kernel};
-  std::printf("%-8s %-22s %-7s %3s %4s %4s %6s %5s %6s %9s %11s %7s %8s %7s %7s\n", "kernel", "format", "kind", "B", "H",
-              "s_q", "ctx", "topk", "splits", "ms", "tokens/s", "TB/s", "TFLOP/s", "%copy", "%gemm");
+  std::printf("%-8s %-22s %-7s %3s %4s %4s %6s %5s %6s %9s %11s %7s %8s %7s %7s %7s\n", "kernel", "format", "kind", "B", "H",
+              "s_q", "ctx", "topk", "splits", "ms", "tokens/s", "TB/s", "TFLOP/s", "%copy", "%gemm", "xfloor");
   std::vector<Result> all;
   for (const FormatInfo& fi : all_formats()) {
     if (!only.empty() && fi.name != only) continue;
@@ -349,16 +375,18 @@ int main(int argc, char** argv) {
         continue;
       }
       const Shape& sh = shapes[si];
-      for (const Result& r : run_shape(fi.format, sh, reps, copy, mm, gen, props->multiprocessors, kernels)) {
-        std::printf("%-8s %-22s %-7s %3d %4d %4d %6d %5d %6d %9.4f %11.4g %7.3f %8.1f %6.1f%% %6.1f%%\n",
-                    r.kernel.c_str(), r.format.c_str(), r.kind.c_str(), r.B, r.H, r.s_q, r.ctx, r.topk, r.splits, r.ms,
-                    r.tokens_per_s, r.tbps, r.tflops, 100 * r.frac_bw, 100 * r.frac_mm);
+      for (const Result& r : run_shape(fi.format, sh, reps, copy, mm, gen, props->multiprocessors, kernels, extra_splits)) {
+        std::printf("%-8s %-22s %-7s %3d %4d %4d %6d %5d %5d%s %9.4f %11.4g %7.3f %8.1f %6.1f%% %6.1f%% %6.1fx\n",
+                    r.kernel.c_str(), r.format.c_str(), r.kind.c_str(), r.B, r.H, r.s_q, r.ctx, r.topk, r.splits,
+                    r.suggested ? "*" : " ", r.ms, r.tokens_per_s, r.tbps, r.tflops, 100 * r.frac_bw, 100 * r.frac_mm,
+                    r.ms / r.floor_ms);
         std::fflush(stdout);
         j["attention"].push_back({{"kernel", r.kernel}, {"format", r.format}, {"kind", r.kind}, {"B", r.B},
                                   {"H", r.H}, {"s_q", r.s_q}, {"ctx", r.ctx}, {"topk", r.topk}, {"splits", r.splits},
                                   {"ms", r.ms}, {"tokens_per_s", r.tokens_per_s}, {"tbps", r.tbps},
-                                  {"tflops", r.tflops}, {"frac_copy", r.frac_bw}, {"frac_gemm", r.frac_mm}});
-        all.push_back(r);
+                                  {"tflops", r.tflops}, {"frac_copy", r.frac_bw}, {"frac_gemm", r.frac_mm},
+                                  {"suggested_splits", r.suggested}, {"floor_ms", r.floor_ms}});
+        if (r.suggested) all.push_back(r);  // the byte-ratio table below: suggested split counts only
       }
     }
   }

@@ -60,7 +60,9 @@ struct AttentionPlan {
 };
 
 // A split count that fills every CTA slot of a GPU with `multiprocessors` SMs once for
-// this batch shape and record format (uses the CUDA occupancy API; host only).
+// this batch shape and record format (uses the CUDA occupancy API; host only), at most
+// 64; for a sparse token set also at most one split per kernel token tile, with every
+// split covering the same number of tiles (no empty splits).
 int suggest_num_splits(const MlaAttentionParams& p, int multiprocessors);
 
 // Validates shapes/dtypes/devices (cache and every tensor on the same CUDA device),

@@ -39,6 +39,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/api/attention_path.h"
 #include "cuda/common/status.h"
 #include "format/record_codec.h"
 #include "mlakv/attention.h"
@@ -255,6 +256,9 @@ void run_device(const Host& t, std::vector<float>& out, std::vector<float>& lse,
   ASSERT_TRUE(plan.ok()) << plan.status().to_string();
   path = plan->path;
   DeviceBuffer<uint8_t> ws(std::max<std::size_t>(1, plan->workspace_bytes));
+  // A workspace of NaNs (0xFF bytes): the combine may read only partials the attention
+  // kernel wrote in this run, and must drop zero-weight (empty) ones unread.
+  CUDA_OK(cudaMemset(ws.ptr, 0xFF, std::max<std::size_t>(1, plan->workspace_bytes)));
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreate(&stream));
   if (use_graph) {
@@ -489,6 +493,36 @@ std::vector<AttnCase> graph_cases() {
   return v;
 }
 
+// The tensor-parallel sparse shape (issue 12): 8 or 16 heads, one query, top-k 2048
+// over a longer context (a fifth of the indices invalid, unused slots NaN), at split
+// counts the TP policy picks (32 = one 64-token tile each on sm90), an uneven one (7),
+// more splits than tiles (64: half the partials empty) and 1; B = 3 with an empty
+// request, a top-k length per request, and a graph replay at 32 splits (the combine
+// launched as a programmatic dependent inside the graph).
+std::vector<AttnCase> tp_sparse_cases() {
+  std::vector<AttnCase> v;
+  for (KvFormat f : kSm90Formats) {
+    for (int heads : {8, 16}) {
+      for (int splits : {1, 7, 32, 64}) {
+        Case c;
+        c.format = f;
+        c.block_size = 64;
+        c.sparse = true;
+        c.heads = heads;
+        c.s_q = 1;
+        c.topk = 2048;
+        c.seqlens = splits == 7 ? std::vector<int>{2500, 0, 4000} : std::vector<int>{3000};
+        c.topk_length = splits == 7;
+        c.splits = splits;
+        c.outer_scale = format_info(f).has_outer_scale ? 0.75f : 1.0f;
+        c.seed = static_cast<uint32_t>(1300 + heads + splits);
+        v.push_back({c, /*graph=*/splits == 32 && heads == 8});
+      }
+    }
+  }
+  return v;
+}
+
 // The nvfp4 per-token scale mode: each record's s_t replaces s_l in the reader (sm80; on
 // Hopper the plan routes these layers to sm80 too).
 std::vector<AttnCase> token_scale_cases() {
@@ -529,6 +563,17 @@ std::vector<AttnCase> sanitizer_cases() {
     c.topk = 40;
     v.push_back({c});
   }
+  for (KvFormat f : {KvFormat::kFp8DsMla, KvFormat::kNvfp4DsMla}) {  // many splits: 4-group combine, empty parts
+    Case c;
+    c.format = f;
+    c.heads = 8;
+    c.block_size = 64;
+    c.sparse = true;
+    c.topk = 256;
+    c.splits = 40;
+    c.seqlens = {300, 0};
+    v.push_back({c});
+  }
   Case ts;  // the token-scale reader path
   ts.format = KvFormat::kNvfp4DsMlaInt8Rope;
   ts.token_scale = true;
@@ -548,6 +593,8 @@ INSTANTIATE_TEST_SUITE_P(SparseWithInvalidIndices, CudaAttention, ::testing::Val
 INSTANTIATE_TEST_SUITE_P(GraphCaptureAndReplayWithNewContents, CudaAttention, ::testing::ValuesIn(graph_cases()),
                          attn_case_name);
 INSTANTIATE_TEST_SUITE_P(TokenScaleMode, CudaAttention, ::testing::ValuesIn(token_scale_cases()), attn_case_name);
+INSTANTIATE_TEST_SUITE_P(TensorParallelSparseSplits, CudaAttention, ::testing::ValuesIn(tp_sparse_cases()),
+                         attn_case_name);
 INSTANTIATE_TEST_SUITE_P(ReducedSanitizerSet, CudaAttention, ::testing::ValuesIn(sanitizer_cases()), attn_case_name);
 
 // ---- the record readers: code by code against the scalar codec -------------------------------
@@ -773,6 +820,49 @@ TEST_F(Cuda, HopperWarpgroupKernelTileEdges) {
       c.seed = static_cast<uint32_t>(1200 + variant);
       check_case(c);
       if (HasFatalFailure()) return;
+    }
+  }
+}
+
+// The split policy for sparse token sets (suggest_num_splits): a split count in [1, 64]
+// whose every split gets tokens, given how the kernel cuts a set of n tokens into S
+// chunks (ceil(n / S) rounded up to the kernel's token tile: 64 for sm90's v8 kernel of
+// the quantized formats, 32 for its bf16 v7 kernel, not rounded on sm80), and at most
+// one split per tile; on an H200 (132 SMs, two v8 CTAs per SM: 264 slots) the TP shape
+// B = 1, H = 8 or 16, top-k 2048 gets one 64-token tile per split: 32 splits.
+TEST_F(Cuda, SparseSplitPolicyLeavesNoSplitEmpty) {
+  cudaDeviceProp prop{};
+  CUDA_OK(cudaGetDeviceProperties(&prop, 0));
+  for (KvFormat f : kSm90Formats) {
+    for (int B : {1, 8, 64}) {
+      for (int H : {8, 16, 128}) {
+        for (int topk : {1, 63, 64, 100, 2000, 2048}) {
+          MlaAttentionParams p;
+          p.q = TensorView::contiguous(nullptr, DType::kF32, {B, 1, H, kQkDim}, Device::cuda(0));
+          p.indices = TensorView::contiguous(nullptr, DType::kI32, {B, 1, topk}, Device::cuda(0));
+          p.cache.format = f;
+          p.cache.record_bytes = record_bytes(f);
+          p.cache.block_size = 64;
+          p.cache.num_blocks = 1;
+          p.cache.device = Device::cuda(0);
+          const int S = cuda::suggest_num_splits(p, prop.multiProcessorCount);
+          const StatusOr<cuda::AttentionPath> sel = cuda::select_attention_path(p);
+          ASSERT_TRUE(sel.ok()) << sel.status().to_string();
+          const cuda::AttentionPath path = *sel;
+          const int64_t g = path == cuda::AttentionPath::kSm90 ? (f == KvFormat::kBf16 ? 32 : 64) : 1;
+          SCOPED_TRACE(fmt::format("{} B={} H={} topk={} path {}: {} splits", format_name(f), B, H, topk,
+                                   cuda::attention_path_name(path), S));
+          ASSERT_GE(S, 1);
+          ASSERT_LE(S, 64);
+          const int64_t chunk = ((topk + S - 1) / S + g - 1) / g * g;
+          EXPECT_LT(static_cast<int64_t>(S - 1) * chunk, topk) << "the last split is empty";
+          EXPECT_LE(S, (topk + g - 1) / g) << "more splits than tiles";
+          if (path == cuda::AttentionPath::kSm90 && f == KvFormat::kFp8DsMla && B == 1 && H <= 16 && topk == 2048 &&
+              std::string(prop.name).find("H200") != std::string::npos) {
+            EXPECT_EQ(S, 32);
+          }
+        }
+      }
     }
   }
 }

@@ -43,7 +43,25 @@ int suggest_num_splits(const MlaAttentionParams& p, int multiprocessors) {
   // Fill every CTA slot of the GPU once: slots = SMs x CTAs per SM for this format.
   const int per_sm = std::max(1, k.ctas_per_sm(p.cache.format, p.cache.record_bytes));
   const int64_t slots = static_cast<int64_t>(std::max(1, multiprocessors)) * per_sm;
-  return static_cast<int>(std::clamp<int64_t>(slots / std::max<int64_t>(ctas, 1), 1, 64));
+  int64_t splits = std::clamp<int64_t>(slots / std::max<int64_t>(ctas, 1), 1, 64);
+  if (p.sparse()) {
+    // A sparse set is short (top-k 2048 = 32 tiles of 64 tokens): the kernel rounds a
+    // split's chunk up to whole tiles, so more splits than tiles, or a count that does
+    // not divide the tiles evenly, leaves splits empty (at B = 1, 64 splits of 2048
+    // tokens were 32 busy CTAs and 32 empty partials for the combine). Split into whole
+    // tiles, as few splits as give every split the same tile count. Where one tile per
+    // split would put more than one CTA on an SM, give each split two tiles or more
+    // (the second tile's copies overlap the first's math): B = 8, H = 8, top-k 2048 on
+    // the H200 took 30.0 us at 16 splits against 32.8 at 32 (docs/perf.md, "tp").
+    const int64_t granule = k.split_granule != nullptr ? k.split_granule(p.cache.format) : 1;
+    const int64_t tiles = std::max<int64_t>(1, (p.indices.size(2) + granule - 1) / granule);
+    int64_t cap = tiles;
+    if (ctas * std::min(splits, tiles) > multiprocessors) cap = std::max<int64_t>(1, tiles / 2);
+    const int64_t s0 = std::min(splits, cap);
+    const int64_t per = (tiles + s0 - 1) / s0;
+    splits = (tiles + per - 1) / per;
+  }
+  return static_cast<int>(splits);
 }
 
 StatusOr<AttentionPlan> plan_mla_attention(const MlaAttentionParams& p) {
@@ -134,7 +152,7 @@ Status run_mla_attention(const MlaAttentionParams& p, const AttentionPlan& plan,
   if (e != 0 || kp.num_splits == 1) return cuda_status(e, "mla_attention kernels");
   const kernels::CombineParams cp{kp.part_o, kp.part_lse, kp.num_splits, kp.rows_total, kp.s_q, kp.H,
                                   kp.out,    kp.o_s0,     kp.o_s1,       kp.o_s2,        kp.lse, kp.l_s0,
-                                  kp.l_s1,   kp.l_s2};
+                                  kp.l_s1,   kp.l_s2,     k.programmatic_combine};
   return cuda_status(kernels::launch_combine(cp, stream), "mla_attention kernels");
 }
 

@@ -41,7 +41,9 @@ constexpr AttentionKernels kSm90Kernels{"sm90",
                                         &sm90_serves,
                                         &sm90::configure_attention,
                                         &sm90::attention_ctas_per_sm,
-                                        &sm90::launch_attention};
+                                        &sm90::launch_attention,
+                                        &sm90::split_granule_of,
+                                        /*programmatic_combine=*/true};
 #else
 // A binary built without 90a: the kSm90 entry serves nothing.
 bool never_serves(const MlaAttentionParams& /*p*/) { return false; }

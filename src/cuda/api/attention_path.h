@@ -33,6 +33,12 @@ struct AttentionKernels {
   int (*configure)(KvFormat format, int record_bytes);
   int (*ctas_per_sm)(KvFormat format, int record_bytes);
   int (*launch)(KvFormat format, const kernels::AttentionParams& p, int row_blocks, void* stream);
+  // Tokens the kernel rounds a split's chunk up to (its token tile), for the split
+  // policy (suggest_num_splits); null: 1 (chunks not rounded).
+  int (*split_granule)(KvFormat format) = nullptr;
+  // The kernel triggers programmatic dependents (griddepcontrol.launch_dependents), so
+  // the combine after it is launched as one (smxx/combine.cu).
+  bool programmatic_combine = false;
 };
 
 // The path that serves p on p.cache.device: kSm90 where it serves p, else kSm80 (every

@@ -54,6 +54,10 @@ struct CombineParams {
   int64_t o_s0, o_s1, o_s2;
   float* lse;  // [B, s_q, H] f32, strides l_s0, l_s1, l_s2
   int64_t l_s0, l_s1, l_s2;
+  // Launch as a programmatic dependent of the attention kernel before it (sm_90 and
+  // later: the combine's launch overlaps the attention's tail; it waits for the
+  // attention grid's results with griddepcontrol.wait). False: a plain stream launch.
+  bool programmatic = false;
 };
 
 }  // namespace mlakv::cuda::kernels

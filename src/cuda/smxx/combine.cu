@@ -1,45 +1,137 @@
 // The split-KV combine of the attention op: each output row merges its num_splits
-// partials {o, lse} from the workspace with attn_state.h's AttnState rule (the same
-// code as the CPU merge and the DCP kernel). Shared by every attention path.
+// partials {o, lse} from the workspace. Shared by every attention path.
+//
+// The rule is attn_state.h's (lse = log sum_k exp(lse_k), o = sum_k exp(lse_k - lse) o_k,
+// a part of zero weight dropped unread, only empty parts -> o = 0, lse = -inf), computed
+// in the order that keeps every load independent: first the row's lse values (one load
+// per thread, all in flight together) and their maximum m, then w_k = exp(lse_k - m) and
+// o = sum_k w_k o_k / sum_k w_k with the o_k loads issued in batches of 8 per thread and
+// the splits spread over up to 4 thread groups. (The running merge of AttnState chains
+// every load behind the previous merge: about one L2 round trip per split, which at 32-64
+// splits cost more than the attention kernel itself; docs/perf.md "tp".)
+//
+// On sm_90 the API layer launches this kernel as a programmatic dependent of the
+// attention kernel (launch attribute programmaticStreamSerialization; the sm90 kernels
+// trigger their dependents when they start), so its launch and CTA start-up overlap the
+// attention's tail; griddepcontrol.wait below then waits for the attention grid to finish
+// and its partials to be visible. Launched without the attribute it waits for nothing.
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cmath>
+
 #include "cuda/smxx/launch.h"
-#include "mlakv/attn_state.h"
+#include "mlakv/formats.h"
 
 namespace mlakv::cuda::kernels {
 namespace {
 
-constexpr int kThreads = kLatentDim / 4;  // thread t merges columns [4t, 4t+4)
-static_assert(kThreads == 128);
+constexpr int kGroupThreads = kLatentDim / 4;  // a group's thread t merges columns [4t, 4t+4)
+static_assert(kGroupThreads == 128);
+constexpr int kMaxGroups = 4;
+constexpr int kBatch = 8;          // o loads a thread issues before it uses them
+constexpr int kMaxSplits = 256;    // attention's num_splits limit (validate_mla_attention)
 
-// One CTA per output row.
-__global__ void __launch_bounds__(kThreads) combine_kernel(const float* part_o, const float* part_lse, int splits,
-                                                           int64_t rows, int s_q, int H, float* out, int64_t o_s0,
-                                                           int64_t o_s1, int64_t o_s2, float* lse, int64_t l_s0,
-                                                           int64_t l_s1, int64_t l_s2) {
+// One CTA per output row, `groups` x 128 threads: group j sums splits j, j + groups, ...
+__global__ void __launch_bounds__(kGroupThreads* kMaxGroups) combine_kernel(const CombineParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+  __shared__ float w_s[kMaxSplits];                  // lse_k, then w_k = exp(lse_k - m)
+  __shared__ float4 acc_s[kMaxGroups - 1][kGroupThreads];
+  __shared__ float red[kGroupThreads * kMaxGroups / 32];
   const int64_t row = blockIdx.x;
-  const int h = static_cast<int>(row % H), i = static_cast<int>((row / H) % s_q);
-  const int64_t b = row / (static_cast<int64_t>(H) * s_q);
-  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  AttnState st;
-  for (int k = 0; k < splits; ++k) {
-    const float4 v = reinterpret_cast<const float4*>(part_o + (k * rows + row) * kLatentDim)[threadIdx.x];
-    const float part[4] = {v.x, v.y, v.z, v.w};
-    st.merge(acc, part, part_lse[k * rows + row], 4);
+  const int tid = threadIdx.x, nthreads = blockDim.x, groups = nthreads / kGroupThreads;
+  const int grp = tid / kGroupThreads, t = tid % kGroupThreads;
+  const int splits = p.splits;
+  const int h = static_cast<int>(row % p.H), i = static_cast<int>((row / p.H) % p.s_q);
+  const int64_t b = row / (static_cast<int64_t>(p.H) * p.s_q);
+  float* dst = p.out + b * p.o_s0 + i * p.o_s1 + h * p.o_s2;
+
+  // ---- the row's lse values and their maximum ----
+  float m = -INFINITY;
+  for (int k = tid; k < splits; k += nthreads) {
+    const float l = p.part_lse[k * p.rows + row];
+    w_s[k] = l;
+    m = fmaxf(m, l);
   }
-  float* dst = out + b * o_s0 + i * o_s1 + h * o_s2;
-  reinterpret_cast<float4*>(dst)[threadIdx.x] = make_float4(acc[0], acc[1], acc[2], acc[3]);
-  if (threadIdx.x == 0) lse[b * l_s0 + i * l_s1 + h * l_s2] = st.lse;
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, off));
+  if ((tid & 31) == 0) red[tid >> 5] = m;
+  __syncthreads();
+  m = red[0];
+  for (int wi = 1; wi < nthreads / 32; ++wi) m = fmaxf(m, red[wi]);
+  if (m == -INFINITY) {  // only empty parts (or none): o = 0, lse = -inf
+    if (grp == 0) {
+      reinterpret_cast<float4*>(dst)[t] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (t == 0) p.lse[b * p.l_s0 + i * p.l_s1 + h * p.l_s2] = -INFINITY;
+    }
+    return;
+  }
+  for (int k = tid; k < splits; k += nthreads) w_s[k] = expf(w_s[k] - m);  // -inf -> 0
+  __syncthreads();
+
+  // ---- o = sum_k w_k o_k: batches of independent loads; zero weights never read ----
+  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  for (int k0 = grp; k0 < splits; k0 += kBatch * groups) {
+    float wv[kBatch];
+    float4 v[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int k = k0 + j * groups;
+      wv[j] = k < splits ? w_s[k] : 0.0f;
+      v[j] = wv[j] != 0.0f ? reinterpret_cast<const float4*>(p.part_o + (k * p.rows + row) * kLatentDim)[t]
+                           : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      if (wv[j] != 0.0f) {
+        acc.x = fmaf(wv[j], v[j].x, acc.x);
+        acc.y = fmaf(wv[j], v[j].y, acc.y);
+        acc.z = fmaf(wv[j], v[j].z, acc.z);
+        acc.w = fmaf(wv[j], v[j].w, acc.w);
+      }
+    }
+  }
+  if (grp > 0) acc_s[grp - 1][t] = acc;
+  __syncthreads();
+  if (grp != 0) return;
+  for (int g = 1; g < groups; ++g) {
+    const float4 a = acc_s[g - 1][t];
+    acc.x += a.x;
+    acc.y += a.y;
+    acc.z += a.z;
+    acc.w += a.w;
+  }
+  float sum = 0.0f;  // the same order in every thread: one value per row
+  for (int k = 0; k < splits; ++k) sum += w_s[k];
+  const float inv = 1.0f / sum;  // sum >= 1: the maximum's own weight is exp(0)
+  reinterpret_cast<float4*>(dst)[t] = make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
+  if (t == 0) p.lse[b * p.l_s0 + i * p.l_s1 + h * p.l_s2] = m + logf(sum);
 }
+
+// Thread groups for `splits` parts: one batch of loads per thread where 4 groups suffice.
+int combine_groups(int splits) { return std::clamp((splits + kBatch - 1) / kBatch, 1, kMaxGroups); }
 
 }  // namespace
 
 int launch_combine(const CombineParams& p, void* stream) {
   if (p.rows == 0) return 0;
-  combine_kernel<<<static_cast<unsigned>(p.rows), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      p.part_o, p.part_lse, p.splits, p.rows, p.s_q, p.H, p.out, p.o_s0, p.o_s1, p.o_s2, p.lse, p.l_s0, p.l_s1,
-      p.l_s2);
-  return static_cast<int>(cudaGetLastError());
+  if (p.splits < 1 || p.splits > kMaxSplits) return static_cast<int>(cudaErrorInvalidValue);
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(p.rows));
+  cfg.blockDim = dim3(static_cast<unsigned>(kGroupThreads * combine_groups(p.splits)));
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = static_cast<cudaStream_t>(stream);
+  cudaLaunchAttribute attr[1];
+  if (p.programmatic) {
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+  }
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, combine_kernel, p);
+  return static_cast<int>(e != cudaSuccess ? e : cudaGetLastError());
 }
 
 }  // namespace mlakv::cuda::kernels

@@ -12,7 +12,8 @@
 
 namespace mlakv::cuda::kernels {
 
-// smxx/combine.cu: one CTA per row, 128 threads (4 columns each).
+// smxx/combine.cu: one CTA per row, 128 threads (4 columns each) per group of splits
+// (1 to 4 groups); p.programmatic launches it as a programmatic dependent (sm_90+).
 int launch_combine(const CombineParams& p, void* stream);
 // smxx/merge_attn_states.cu: one CTA per row.
 int launch_merge(const MergeParams& p, void* stream);

@@ -27,6 +27,8 @@ bool supports(KvFormat format, int record_bytes_, const void* cache) {
   return record_bytes_ == record_bytes(format) && (reinterpret_cast<uintptr_t>(cache) & 15u) == 0;
 }
 
+int split_granule_of(KvFormat format) { return split_granule(format); }
+
 int configure_attention(KvFormat format, int record_bytes_) {
   return dispatch_format(format, int{cudaErrorInvalidValue},
                          [&](auto tag) { return configure<decltype(tag)::value>(record_bytes_); });

@@ -111,6 +111,7 @@ constexpr std::size_t smem_bytes() {
   return static_cast<std::size_t>(stages<F>()) * kT * Fmt<F>::kStride + fixed_bytes<F>();
 }
 static_assert(stages<KvFormat::kBf16>() >= 2 && stages<KvFormat::kFp8DsMla>() >= 2);
+static_assert(split_granule(KvFormat::kBf16) == kT);  // v7 rounds split chunks to kT (launch.h)
 
 [[maybe_unused]] constexpr bool is_nvfp4(KvFormat f) { return f == KvFormat::kNvfp4DsMla || f == KvFormat::kNvfp4DsMlaFp8Rope; }
 [[maybe_unused]] constexpr bool f16_latent(KvFormat f) { return f != KvFormat::kBf16; }
@@ -382,6 +383,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_sm90_kernel(const __gri
   uint32_t* vmask = reinterpret_cast<uint32_t*>(empty + kMaxStages);
   int32_t* row_vis = reinterpret_cast<int32_t*>(vmask + kMaxStages);
   int32_t* row_e = row_vis + kRows;
+  ptx::launch_dependents();  // smxx's combine may launch now (it waits for this grid's results)
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int row_block = blockIdx.x, split = blockIdx.z;
@@ -770,6 +772,7 @@ constexpr std::size_t wg_smem_bytes() {
 }
 static_assert(wg_stages<KvFormat::kFp8DsMla>() >= 2 && wg_stages<KvFormat::kNvfp4DsMla>() >= 2 &&
               wg_stages<KvFormat::kNvfp4DsMlaFp8Rope>() >= 2);
+static_assert(split_granule(KvFormat::kFp8DsMla) == kWgTile);  // v8 rounds split chunks to kWgTile (launch.h)
 
 // Byte offset of element (row n, k index kk) of a 16 x 16 B block (K-major, no swizzle:
 // core matrices (n / 8, kk / 8) at 256 (n / 8) + 128 (kk / 8), rows 16 B apart).
@@ -921,6 +924,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_wg_kernel(const __grid_
   uint32_t* vmask = reinterpret_cast<uint32_t*>(empty + kMaxStages);
   int32_t* row_vis = reinterpret_cast<int32_t*>(vmask + kMaxStages);
   float* row_sc = reinterpret_cast<float*>(row_vis + kRows);
+  ptx::launch_dependents();  // smxx's combine may launch now (it waits for this grid's results)
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int row_block = blockIdx.x, split = blockIdx.z;
@@ -992,11 +996,23 @@ __global__ void __launch_bounds__(kThreads, 2) attention_wg_kernel(const __grid_
       return ok ? v : 0.0f;
     };
     const float lat_base = is_nvfp4(F) ? p.outer_scale * 128.0f : 1.0f;
+    // The row's 72 values of this thread, every load issued before the first use (one
+    // memory round trip; the loop unrolled by 8 here made ~9 dependent ones: 2.5-3.5 us
+    // of a one-tile split's ~18 us at B = 1, docs/perf.md "tp"). The pass below re-reads
+    // q from L1.
+    float qv[kQkDim / 8];
+    if (p.q_bf16) {
+#pragma unroll
+      for (int k = 0; k < kQkDim / 8; ++k) qv[k] = bf16_to_f32(static_cast<const uint16_t*>(p.q)[off + sub + 8 * k]);
+    } else {
+#pragma unroll
+      for (int k = 0; k < kQkDim / 8; ++k) qv[k] = static_cast<const float*>(p.q)[off + sub + 8 * k];
+    }
     float amax = 0.0f;
-#pragma unroll 8
+#pragma unroll
     for (int k = 0; k < kQkDim / 8; ++k) {
       const int d = sub + 8 * k;
-      amax = fmaxf(amax, fabsf(q_at(d) * (d < kLatentDim ? lat_base : 1.0f)));
+      amax = fmaxf(amax, fabsf((ok ? qv[k] : 0.0f) * (d < kLatentDim ? lat_base : 1.0f)));
     }
     amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 1));
     amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 2));

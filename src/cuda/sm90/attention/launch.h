@@ -18,6 +18,10 @@
 namespace mlakv::cuda::sm90 {
 
 inline constexpr int kAttentionRows = 16;  // query rows per CTA (one m16 MMA tile), as on sm80
+// Tokens a split's chunk is rounded up to (the kernel's tile: 32 for bf16's v7 kernel,
+// 64 for the quantized formats' v8 kernel; kernel.cuh checks both).
+inline constexpr int split_granule(KvFormat format) { return format == KvFormat::kBf16 ? 32 : 64; }
+int split_granule_of(KvFormat format);  // the same, callable through a function pointer (attention.cc)
 
 // True when this binary's sm90 kernels carry sm_90a code and `device` is a compute
 // capability 9.0 GPU that runs them (cached per device; attention.cc).

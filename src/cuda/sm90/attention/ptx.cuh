@@ -154,6 +154,11 @@ __device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, uint32_t r0, ui
                : "memory");
 }
 
+// Programmatic dependent launch: lets the grid launched after this one on the stream
+// with programmaticStreamSerialization (smxx's combine) start before this grid ends;
+// that grid's griddepcontrol.wait still waits for this grid's completion and memory.
+__device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+
 #endif  // MLAKV_SM90_DEVICE
 
 }  // namespace mlakv::cuda::sm90::ptx
