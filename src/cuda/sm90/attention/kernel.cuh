@@ -100,6 +100,11 @@ struct Fmt<KvFormat::kNvfp4DsMlaFp8Rope> {
   static constexpr int kRecord = record::Parts<KvFormat::kNvfp4DsMlaFp8Rope>::kRecordBytes;  // 368 = 23 chunks
   static constexpr int kStride = kRecord;
 };
+template <>
+struct Fmt<KvFormat::kNvfp4DsMlaInt8Rope> {  // the fp8-rope record's layout, int8 rope codes (warpgroup kernel only)
+  static constexpr int kRecord = record::Parts<KvFormat::kNvfp4DsMlaInt8Rope>::kRecordBytes;  // 368
+  static constexpr int kStride = kRecord;
+};
 
 template <KvFormat F>
 constexpr int stages() {
@@ -112,9 +117,14 @@ constexpr std::size_t smem_bytes() {
 }
 static_assert(stages<KvFormat::kBf16>() >= 2 && stages<KvFormat::kFp8DsMla>() >= 2);
 
-[[maybe_unused]] constexpr bool is_nvfp4(KvFormat f) { return f == KvFormat::kNvfp4DsMla || f == KvFormat::kNvfp4DsMlaFp8Rope; }
+[[maybe_unused]] constexpr bool is_nvfp4(KvFormat f) {
+  return f == KvFormat::kNvfp4DsMla || f == KvFormat::kNvfp4DsMlaFp8Rope || f == KvFormat::kNvfp4DsMlaInt8Rope;
+}
 [[maybe_unused]] constexpr bool f16_latent(KvFormat f) { return f != KvFormat::kBf16; }
-[[maybe_unused]] constexpr bool f16_rope(KvFormat f) { return f == KvFormat::kNvfp4DsMlaFp8Rope; }
+// 8-bit rope codes (e4m3 or int8) with an fp32 rope scale per record: f16 rope, scale per token.
+[[maybe_unused]] constexpr bool f16_rope(KvFormat f) {
+  return f == KvFormat::kNvfp4DsMlaFp8Rope || f == KvFormat::kNvfp4DsMlaInt8Rope;
+}
 
 // Head dim (0..575) that k index `kidx` of score k-step `ks` (0..7 latent, 8 rope) of
 // warp w means. The B fragments are loaded in whatever dim order is cheapest for the
@@ -769,7 +779,7 @@ constexpr std::size_t wg_smem_bytes() {
   return static_cast<std::size_t>(wg_stages<F>()) * kT * Fmt<F>::kRecord + wg_fixed_bytes<F>();
 }
 static_assert(wg_stages<KvFormat::kFp8DsMla>() >= 2 && wg_stages<KvFormat::kNvfp4DsMla>() >= 2 &&
-              wg_stages<KvFormat::kNvfp4DsMlaFp8Rope>() >= 2);
+              wg_stages<KvFormat::kNvfp4DsMlaFp8Rope>() >= 2 && wg_stages<KvFormat::kNvfp4DsMlaInt8Rope>() >= 2);
 
 // Byte offset of element (row n, k index kk) of a 16 x 16 B block (K-major, no swizzle:
 // core matrices (n / 8, kk / 8) at 256 (n / 8) + 128 (kk / 8), rows 16 B apart).
@@ -825,11 +835,23 @@ __device__ __forceinline__ void wg_k_chunk(const uint8_t* rg, const uint8_t* rg8
   }
 }
 
-// A fragments of the 4 rope k-steps (bf16 rope: raw pairs; e4m3 rope: cvt to f16).
+// A fragments of the 4 rope k-steps (bf16 rope: raw pairs; e4m3 rope: cvt to f16; int8
+// rope: the exact integers in f16 by byte permute; 8-bit ropes keep the same dim order).
 template <KvFormat F>
 __device__ __forceinline__ void wg_rope(const uint8_t* rg, const uint8_t* rg8, int c, uint32_t (&a)[4][4]) {
   using P = record::Parts<F>;
-  if constexpr (F == KvFormat::kNvfp4DsMlaFp8Rope) {
+  if constexpr (F == KvFormat::kNvfp4DsMlaInt8Rope) {
+    const uint4 x = lds128(rg + P::kRopeOffset + 16 * c), y = lds128(rg8 + P::kRopeOffset + 16 * c);
+    const uint32_t xw[4] = {x.x, x.y, x.z, x.w}, yw[4] = {y.x, y.y, y.z, y.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t ux = xw[j] ^ 0x80808080u, uy = yw[j] ^ 0x80808080u;
+      a[j][0] = ptx::biased_u8x2_to_f16x2<0x4140u>(ux);
+      a[j][1] = ptx::biased_u8x2_to_f16x2<0x4140u>(uy);
+      a[j][2] = ptx::biased_u8x2_to_f16x2<0x4342u>(ux);
+      a[j][3] = ptx::biased_u8x2_to_f16x2<0x4342u>(uy);
+    }
+  } else if constexpr (F == KvFormat::kNvfp4DsMlaFp8Rope) {
     const uint4 x = lds128(rg + P::kRopeOffset + 16 * c), y = lds128(rg8 + P::kRopeOffset + 16 * c);
     const uint32_t xw[4] = {x.x, x.y, x.z, x.w}, yw[4] = {y.x, y.y, y.z, y.w};
 #pragma unroll

@@ -77,6 +77,19 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   return r;
 }
 
+// Two int8 codes of a word -> f16x2 (exact: |code| <= 128), given the word with every
+// byte's sign bit flipped (u = x ^ 0x80808080, the codes biased to 0..255): the bytes
+// `sel` picks go under the f16 exponent byte 0x64 (1024 + u), then 1024 + 128 comes off.
+// sel 0x4140: bytes 0, 1 (low, high half); 0x4342: bytes 2, 3.
+template <uint32_t kSel>
+__device__ __forceinline__ uint32_t biased_u8x2_to_f16x2(uint32_t u) {
+  uint32_t r;
+  asm("{\n.reg .b32 t;\nprmt.b32 t, %1, %2, %3;\nsub.rn.f16x2 %0, t, %4;\n}\n"
+      : "=r"(r)
+      : "r"(u), "r"(0x64646464u), "n"(kSel), "r"(0x64806480u));
+  return r;
+}
+
 __device__ __forceinline__ uint32_t hmul2(uint32_t a, uint32_t b) {
   uint32_t r;
   asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
