@@ -765,13 +765,27 @@ constexpr int wg_pt_copies() {
 }
 constexpr int kWgRedBytes = 4 * (kConsumerWarps * kRows + kConsumerWarps * 4);
 constexpr int kWgMiscBytes = 2 * 8 * kMaxStages + 4 * kMaxStages + 4 * kRows * 3;
+// The V tile (e2m1 formats): the tile's 64 tokens x 512 latent dims as the f16 values the
+// scores converted, M-major for P V's A operand (wgmma imm-trans-a): 8-dim group G (SBO =
+// kVtGroupStride apart; 16 B of padding make the scores' 16-B stores conflict-free), then
+// 8-token groups 128 B apart (LBO), 16 B per token. Within a group the 8 halves hold dims
+// 8G + vt_dim(p), the order of the score fragments' e2m1 pairs (undone at the output).
+constexpr int kVtGroupStride = 1024 + 16;
+constexpr int kVtBytes = (kLatentDim / 8) * kVtGroupStride;  // 66,560
+// Two CTAs per SM: 228 KB per SM, 1 KB reserved per CTA.
+constexpr int kWgSmemBudget = 228 * 1024 / 2 - 1024;
+template <KvFormat F>
+constexpr bool wg_vtile() {
+  return is_nvfp4(F);
+}
 template <KvFormat F>
 constexpr int wg_fixed_bytes() {
-  return kQtBytes + wg_pt_copies<F>() * kPtBytes + kWgRedBytes + ((kWgMiscBytes + 127) & ~127);
+  return kQtBytes + wg_pt_copies<F>() * kPtBytes + (wg_vtile<F>() ? kVtBytes : 0) + kWgRedBytes +
+         ((kWgMiscBytes + 127) & ~127);
 }
 template <KvFormat F>
 constexpr int wg_stages() {
-  const int n = (kSmemBudget - wg_fixed_bytes<F>()) / (kT * Fmt<F>::kRecord);
+  const int n = ((wg_vtile<F>() ? kWgSmemBudget : kSmemBudget) - wg_fixed_bytes<F>()) / (kT * Fmt<F>::kRecord);
   return n < kMaxStages ? n : kMaxStages;
 }
 template <KvFormat F>
@@ -780,6 +794,8 @@ constexpr std::size_t wg_smem_bytes() {
 }
 static_assert(wg_stages<KvFormat::kFp8DsMla>() >= 2 && wg_stages<KvFormat::kNvfp4DsMla>() >= 2 &&
               wg_stages<KvFormat::kNvfp4DsMlaFp8Rope>() >= 2 && wg_stages<KvFormat::kNvfp4DsMlaInt8Rope>() >= 2);
+// Dim (0..7) of the 8-dim group that half p of a V tile row holds: the e2m1 pairs (j, j + 4).
+__host__ __device__ constexpr int vt_dim(int p) { return (p >> 1) + 4 * (p & 1); }
 
 // Byte offset of element (row n, k index kk) of a 16 x 16 B block (K-major, no swizzle:
 // core matrices (n / 8, kk / 8) at 256 (n / 8) + 128 (kk / 8), rows 16 B apart).
@@ -932,11 +948,13 @@ __global__ void __launch_bounds__(kThreads, 2) attention_wg_kernel(const __grid_
   constexpr int kRec = Fmt<F>::kRecord;
   constexpr int kCopies = wg_pt_copies<F>();
   constexpr bool kFp8 = F == KvFormat::kFp8DsMla;
+  constexpr bool kVt = wg_vtile<F>();
   extern __shared__ __align__(128) uint8_t smem[];
   uint8_t* ring = smem;
   uint8_t* qt = smem + static_cast<std::size_t>(S) * kT * kRec;
   uint8_t* pt = qt + kQtBytes;
-  float* red = reinterpret_cast<float*>(pt + kCopies * kPtBytes);  // [4 warps][16 rows], then [4 warps][4 scales]
+  uint8_t* vt = pt + kCopies * kPtBytes;  // the V tile (kVt only)
+  float* red = reinterpret_cast<float*>(vt + (kVt ? kVtBytes : 0));  // [4 warps][16 rows], then [4 warps][4 scales]
   uint8_t* misc = reinterpret_cast<uint8_t*>(red) + kWgRedBytes;
   uint64_t* full = reinterpret_cast<uint64_t*>(misc);
   uint64_t* empty = full + kMaxStages;
@@ -1065,6 +1083,10 @@ __global__ void __launch_bounds__(kThreads, 2) attention_wg_kernel(const __grid_
   const uint32_t q_lo = ptx::desc_lo(mlakv::cuda::ptx::smem_addr(qt), 128), p_lo = ptx::desc_lo(pt_addr, 128);
   const uint32_t b_hi = ptx::desc_hi(256);
   const int wg_g = 8 * w + g;
+  // V tile: this thread's score tokens 16w + g (+ 8) are token group 2w (+ 1), row g;
+  // chunk kc's 16 dims 64kc + 16c .. are groups 8kc + 2c, + 1. P V's A descriptor words.
+  uint8_t* vt_mine = vt + 2 * w * 128 + 16 * g + 2 * c * kVtGroupStride;
+  const uint32_t v_lo = ptx::desc_lo(mlakv::cuda::ptx::smem_addr(vt), 128), v_hi = ptx::desc_hi(kVtGroupStride);
 
   float o[8][8];  // O^T: m-block mb (64 dims), fragment as wgmma's d
 #pragma unroll
@@ -1114,6 +1136,13 @@ __global__ void __launch_bounds__(kThreads, 2) attention_wg_kernel(const __grid_
     for (int kc = 0; kc < 8; ++kc) {
       uint32_t a[4][4];
       wg_k_chunk<F>(rg, rg8, kc, c, a);
+      if constexpr (kVt) {  // the same f16 values are P V's V^T: into the V tile
+        uint8_t* v0 = vt_mine + 8 * kc * kVtGroupStride;
+        ptx::sts128(v0, a[0][0], a[1][0], a[2][0], a[3][0]);
+        ptx::sts128(v0 + kVtGroupStride, a[0][2], a[1][2], a[2][2], a[3][2]);
+        ptx::sts128(v0 + 128, a[0][1], a[1][1], a[2][1], a[3][1]);
+        ptx::sts128(v0 + 128 + kVtGroupStride, a[0][3], a[1][3], a[2][3], a[3][3]);
+      }
       ptx::wg_fence();
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
@@ -1166,6 +1195,13 @@ __global__ void __launch_bounds__(kThreads, 2) attention_wg_kernel(const __grid_
       }
       const bool ok = ((mask >> (tl + 8 * h)) & 1u) && tb + 8 * h < vis[j][e];
       s[i] = ok ? x * rsc[j][e] : -INFINITY;
+    }
+    if constexpr (kVt) {  // P V reads the V tile: this warp is done with both stages
+      __syncwarp();
+      if (lane == 0) {
+        ptx::mbar_arrive(mlakv::cuda::ptx::smem_addr(&empty[st0]));
+        ptx::mbar_arrive(mlakv::cuda::ptx::smem_addr(&empty[st1]));
+      }
     }
     // ---- row maxima over the 64 tokens: shuffles over g, then across the warps ----
     float mx[2][2];
@@ -1267,34 +1303,51 @@ __global__ void __launch_bounds__(kThreads, 2) attention_wg_kernel(const __grid_
     ptx::fence_proxy_async();
     ptx::named_barrier(kConsumerBarrier, kConsumerThreads);
 
-    // ---- O^T += V^T P^T: 8 groups of 4 m-blocks, at most two in flight ----
+    // ---- O^T += V^T P^T ----
+    if constexpr (kVt) {
+      // 32 wgmma with both operands in shared memory: nothing to convert, all in flight.
+      ptx::wg_fence();
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      const uint8_t* base = ((kk >> 1) ? stage1 : stage0) + (16 * (kk & 1) + 2 * c) * kRec;
+      for (int kk = 0; kk < 4; ++kk) {
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        uint32_t a[4][4];
-        wg_v_frags<F>(base, base + kRec, base + 8 * kRec, base + 9 * kRec, wg_g, half, a);
-        ptx::wg_fence();
-#pragma unroll
-        for (int m = 0; m < 4; ++m) {
-          const int mb = 4 * half + m;
-          const int q = kFp8 ? (mb >> 1) : 0;
-          ptx::wgmma_f16(o[mb], a[m], p_lo + (q * kPtBytes + 512 * kk) / 16, b_hi, 1);
+        for (int mb = 0; mb < 8; ++mb) {
+          ptx::wgmma_f16_ss_mn(o[mb], v_lo + (8 * mb * kVtGroupStride + 256 * kk) / 16, v_hi, p_lo + 32 * kk, b_hi);
         }
-        ptx::wg_commit();
-        if (kk < 3 || half == 0) ptx::wg_wait<1>();
       }
-    }
-    // Both stages are no longer read by this warp's loads (the wgmmas read only P^T).
-    __syncwarp();
-    if (lane == 0) {
-      ptx::mbar_arrive(mlakv::cuda::ptx::smem_addr(&empty[st0]));
-      ptx::mbar_arrive(mlakv::cuda::ptx::smem_addr(&empty[st1]));
-    }
-    ptx::wg_wait<0>();
+      ptx::wg_commit();
+      ptx::wg_wait<0>();
 #pragma unroll
-    for (int mb = 0; mb < 8; ++mb) ptx::wg_hold(o[mb]);
+      for (int mb = 0; mb < 8; ++mb) ptx::wg_hold(o[mb]);
+    } else {
+      // (8 groups of 4 m-blocks, at most two in flight)
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        const uint8_t* base = ((kk >> 1) ? stage1 : stage0) + (16 * (kk & 1) + 2 * c) * kRec;
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          uint32_t a[4][4];
+          wg_v_frags<F>(base, base + kRec, base + 8 * kRec, base + 9 * kRec, wg_g, half, a);
+          ptx::wg_fence();
+#pragma unroll
+          for (int m = 0; m < 4; ++m) {
+            const int mb = 4 * half + m;
+            const int q = kFp8 ? (mb >> 1) : 0;
+            ptx::wgmma_f16(o[mb], a[m], p_lo + (q * kPtBytes + 512 * kk) / 16, b_hi, 1);
+          }
+          ptx::wg_commit();
+          if (kk < 3 || half == 0) ptx::wg_wait<1>();
+        }
+      }
+      // Both stages are no longer read by this warp's loads (the wgmmas read only P^T).
+      __syncwarp();
+      if (lane == 0) {
+        ptx::mbar_arrive(mlakv::cuda::ptx::smem_addr(&empty[st0]));
+        ptx::mbar_arrive(mlakv::cuda::ptx::smem_addr(&empty[st1]));
+      }
+      ptx::wg_wait<0>();
+#pragma unroll
+      for (int mb = 0; mb < 8; ++mb) ptx::wg_hold(o[mb]);
+    }
   }
 
   // ---- finalize: l over the 64 token lanes of each row, then out / lse ----
@@ -1347,6 +1400,15 @@ __global__ void __launch_bounds__(kThreads, 2) attention_wg_kernel(const __grid_
           *reinterpret_cast<float4*>(dst + 128 * q + 4 * wg_g) =
               make_float4(o[2 * q][4 * j + e] * sc, o[2 * q][4 * j + 2 + e] * sc, o[2 * q + 1][4 * j + e] * sc,
                           o[2 * q + 1][4 * j + 2 + e] * sc);
+        }
+      } else if constexpr (kVt) {
+        // o[mb][4j + 2h + e]: O^T row 16w + g + 8h of m-block mb = V tile group 8mb + 2w + h, half g.
+        const float sc = inv_l * post_nv;
+        float* d0 = dst + 16 * w + vt_dim(g);
+#pragma unroll
+        for (int mb = 0; mb < 8; ++mb) {
+          d0[64 * mb] = o[mb][4 * j + e] * sc;
+          d0[64 * mb + 8] = o[mb][4 * j + 2 + e] * sc;
         }
       } else {
         const float sc = inv_l * post_nv;
