@@ -3,8 +3,9 @@
 // Same semantics as the sm80 path (src/cuda/sm80/attention/kernel.cuh); design notes in
 // docs/design.md ("Hopper kernels"). Two kernels share the producer warp and the ring:
 //   - attention_sm90_kernel (v7, described here first): the bf16 format;
-//   - attention_wg_kernel (v8, described further down): the quantized formats, the KV
-//     tile as the M dimension of wgmma m64n16k16 (S^T = K Q^T, O^T = V^T P^T).
+//   - attention_wg_kernel (v8/v9, described further down): the quantized formats, the KV
+//     tile as the M dimension of wgmma m64n16k16 (S^T = K Q^T, O^T = V^T P^T); v9 (the
+//     e2m1 formats) converts each element once into an f16 V tile both MMAs read.
 //
 // v7: one CTA = 16 query rows x one KV split of one request (dense) or one query (sparse),
 // 5 warps:
@@ -753,8 +754,16 @@ __global__ void __launch_bounds__(kThreads, 2) attention_sm90_kernel(const __gri
 //   P V     O^T (512 x 16) = V^T (512 x 64) P^T: 32 wgmma m64n16k16, A = V^T
 //           dequantized into registers (a thread's dims are contiguous bytes of 4
 //           tokens, byte-interleaved by prmt), B = P^T.
-// Every dequantized element is exact in f16 (e4m3; e2m1 * sf * 2^-7), as in v7, so the
-// harness's emulation (exact K/V, q and P roundings) is unchanged.
+// v9, the e2m1 formats (kVt, wg_vtile): each latent element is converted once. The
+// warps convert their 16 tokens into the V tile (f16, 64 tokens x 512 dims in shared
+// memory), and after one warpgroup barrier both MMAs read it as their A operand through
+// descriptors: the scores as K-major A (32 latent wgmma back to back; the 4 rope k-steps
+// still from registers), P V as M-major A (imm-trans-a; 32 wgmma, nothing to convert).
+// The ring stages go back to the producer before the score wgmmas; the V tile leaves
+// room for 2 stages only (one consumer tile) beside Q^T at two CTAs per SM. fp8 keeps
+// the register path (its V tile would not fit beside 2 fp8 stages).
+// Every dequantized element is exact in f16 (e4m3; e2m1 * sf * 2^-7; int8), as in v7, so
+// the harness's emulation (exact K/V, q and P roundings) is unchanged.
 constexpr int kWgTile = 64;                     // tokens per consumer tile (= 2 stages)
 constexpr int kWgKSteps = kQkDim / 16;          // 36 score k-steps (32 latent + 4 rope)
 constexpr int kQtBytes = kWgKSteps * 512;       // Q^T: per k-step 16 rows x 16 k, f16/bf16
@@ -807,6 +816,7 @@ __host__ __device__ constexpr int wg_b_offset(int n, int kk) {
 template <KvFormat F>
 __host__ __device__ constexpr int wg_qdim(int ks, int kk) {
   const int c = (kk & 7) >> 1, e = kk & 1, hi = kk >> 3;
+  if (wg_vtile<F>() && ks < 32) return 16 * ks + 8 * hi + vt_dim(kk & 7);  // the V tile's order
   if (ks < 32) {
     const int kc = ks >> 2, j = ks & 3, base = 64 * kc + 16 * c;
     if constexpr (is_nvfp4(F)) return base + 8 * hi + j + 4 * e;  // e2m1 pairs (nibble j, j + 4)
@@ -892,51 +902,29 @@ __device__ __forceinline__ void wg_rope(const uint8_t* rg, const uint8_t* rg8, i
   }
 }
 
-// V^T A fragments of P V k-step kk, m-blocks 4 half .. 4 half + 3, for the thread's dims,
-// from its 4 tokens' records t0 = 2c, t1 = 2c+1, t8 = 2c+8, t9 = 2c+9 of the k-step.
-// m-block mb's rows:
-//   fp8:  row 16w + g + 8h -> dim 128 (mb / 2) + 4 (8w + g) + 2 (mb % 2) + h
-//   e2m1: row 16w + g + 8h -> dim 16 (8w + g) + 2 mb + h
+// fp8: V^T A fragments of P V k-step kk, m-blocks 4 half .. 4 half + 3, for the thread's
+// dims, from its 4 tokens' records t0 = 2c, t1 = 2c+1, t8 = 2c+8, t9 = 2c+9 of the k-step.
+// m-block mb's rows: row 16w + g + 8h -> dim 128 (mb / 2) + 4 (8w + g) + 2 (mb % 2) + h.
+// (The e2m1 formats read V^T from the V tile instead.)
 template <KvFormat F>
 __device__ __forceinline__ void wg_v_frags(const uint8_t* t0, const uint8_t* t1, const uint8_t* t8, const uint8_t* t9,
                                            int wg_g, int half, uint32_t (&a)[4][4]) {
+  static_assert(F == KvFormat::kFp8DsMla);
   using P = record::Parts<F>;
-  if constexpr (F == KvFormat::kFp8DsMla) {
 #pragma unroll
-    for (int qq = 0; qq < 2; ++qq) {
-      const int off = P::kLatentOffset + 128 * (2 * half + qq) + 4 * wg_g;
-      const uint32_t w0 = lds32(t0 + off), w1 = lds32(t1 + off), w8 = lds32(t8 + off), w9 = lds32(t9 + off);
-      const uint32_t x0 = ptx::prmt(w0, w1, 0x5140), x1 = ptx::prmt(w0, w1, 0x7362);
-      const uint32_t y0 = ptx::prmt(w8, w9, 0x5140), y1 = ptx::prmt(w8, w9, 0x7362);
-      a[2 * qq][0] = ptx::e4m3x2_to_f16x2(x0);
-      a[2 * qq][1] = ptx::e4m3x2_hi_to_f16x2(x0);
-      a[2 * qq][2] = ptx::e4m3x2_to_f16x2(y0);
-      a[2 * qq][3] = ptx::e4m3x2_hi_to_f16x2(y0);
-      a[2 * qq + 1][0] = ptx::e4m3x2_to_f16x2(x1);
-      a[2 * qq + 1][1] = ptx::e4m3x2_hi_to_f16x2(x1);
-      a[2 * qq + 1][2] = ptx::e4m3x2_to_f16x2(y1);
-      a[2 * qq + 1][3] = ptx::e4m3x2_hi_to_f16x2(y1);
-    }
-  } else {
-    // word `half` of the thread's 8 latent bytes: dims 16 (8w + g) + 8 half .. + 7
-    const int off = P::kLatentOffset + 8 * wg_g + 4 * half, soff = P::kScaleOffset + wg_g;
-    const uint32_t v0 = lds32(t0 + off), v1 = lds32(t1 + off), v8 = lds32(t8 + off), v9 = lds32(t9 + off);
-    const uint32_t f01 = ptx::hmul2(ptx::e4m3x2_to_f16x2(lds8(t0 + soff) | (lds8(t1 + soff) << 8)), kF16x2_128);
-    const uint32_t f89 = ptx::hmul2(ptx::e4m3x2_to_f16x2(lds8(t8 + soff) | (lds8(t9 + soff) << 8)), kF16x2_128);
-#pragma unroll
-    for (int hb = 0; hb < 2; ++hb) {  // bytes (0,1) or (2,3) of the word: m-blocks 2hb, 2hb+1 of the half
-      const uint32_t sel = hb ? 0x7632u : 0x5410u;
-      const uint32_t z = ptx::prmt(v0, v1, sel), zz = ptx::prmt(v8, v9, sel);
-      const int m0 = 2 * hb;
-      a[m0][0] = ptx::hmul2(e2m1_pair<0>(z), f01);
-      a[m0][1] = ptx::hmul2(e2m1_pair<1>(z), f01);
-      a[m0][2] = ptx::hmul2(e2m1_pair<0>(zz), f89);
-      a[m0][3] = ptx::hmul2(e2m1_pair<1>(zz), f89);
-      a[m0 + 1][0] = ptx::hmul2(e2m1_pair<2>(z), f01);
-      a[m0 + 1][1] = ptx::hmul2(e2m1_pair<3>(z), f01);
-      a[m0 + 1][2] = ptx::hmul2(e2m1_pair<2>(zz), f89);
-      a[m0 + 1][3] = ptx::hmul2(e2m1_pair<3>(zz), f89);
-    }
+  for (int qq = 0; qq < 2; ++qq) {
+    const int off = P::kLatentOffset + 128 * (2 * half + qq) + 4 * wg_g;
+    const uint32_t w0 = lds32(t0 + off), w1 = lds32(t1 + off), w8 = lds32(t8 + off), w9 = lds32(t9 + off);
+    const uint32_t x0 = ptx::prmt(w0, w1, 0x5140), x1 = ptx::prmt(w0, w1, 0x7362);
+    const uint32_t y0 = ptx::prmt(w8, w9, 0x5140), y1 = ptx::prmt(w8, w9, 0x7362);
+    a[2 * qq][0] = ptx::e4m3x2_to_f16x2(x0);
+    a[2 * qq][1] = ptx::e4m3x2_hi_to_f16x2(x0);
+    a[2 * qq][2] = ptx::e4m3x2_to_f16x2(y0);
+    a[2 * qq][3] = ptx::e4m3x2_hi_to_f16x2(y0);
+    a[2 * qq + 1][0] = ptx::e4m3x2_to_f16x2(x1);
+    a[2 * qq + 1][1] = ptx::e4m3x2_hi_to_f16x2(x1);
+    a[2 * qq + 1][2] = ptx::e4m3x2_to_f16x2(y1);
+    a[2 * qq + 1][3] = ptx::e4m3x2_hi_to_f16x2(y1);
   }
 }
 #endif  // MLAKV_SM90_DEVICE
@@ -1083,10 +1071,13 @@ __global__ void __launch_bounds__(kThreads, 2) attention_wg_kernel(const __grid_
   const uint32_t q_lo = ptx::desc_lo(mlakv::cuda::ptx::smem_addr(qt), 128), p_lo = ptx::desc_lo(pt_addr, 128);
   const uint32_t b_hi = ptx::desc_hi(256);
   const int wg_g = 8 * w + g;
-  // V tile: this thread's score tokens 16w + g (+ 8) are token group 2w (+ 1), row g;
-  // chunk kc's 16 dims 64kc + 16c .. are groups 8kc + 2c, + 1. P V's A descriptor words.
+  // V tile (kVt): this thread's tokens 16w + g (+ 8) are token group 2w (+ 1), row g;
+  // chunk kc's 16 dims 64kc + 16c .. are dim groups 8kc + 2c, + 1. Descriptor words of
+  // its two views: M-major A of P V (dims = M: SBO = the group stride, LBO = 128 B per 8
+  // tokens) and K-major A of the scores (tokens = M: SBO = 128, LBO = the group stride).
   uint8_t* vt_mine = vt + 2 * w * 128 + 16 * g + 2 * c * kVtGroupStride;
   const uint32_t v_lo = ptx::desc_lo(mlakv::cuda::ptx::smem_addr(vt), 128), v_hi = ptx::desc_hi(kVtGroupStride);
+  const uint32_t k_lo = ptx::desc_lo(mlakv::cuda::ptx::smem_addr(vt), kVtGroupStride), k_hi = ptx::desc_hi(128);
 
   float o[8][8];  // O^T: m-block mb (64 dims), fragment as wgmma's d
 #pragma unroll
@@ -1132,43 +1123,80 @@ __global__ void __launch_bounds__(kThreads, 2) attention_wg_kernel(const __grid_
 #pragma unroll
       for (int i = 0; i < 8; ++i) sf[i] = fmaf(acc[q & 1][i], ts[q][(i >> 1) & 1], sf[i]);
     };
+    uint32_t smask = 0;            // kVt: the stage's validity mask, read before the release
+    float srs[2] = {1.0f, 1.0f};   // kVt, 8-bit rope: the rope scales of tokens g, g + 8
+    if constexpr (kVt) {
+      // e2m1: each element converted once, into the V tile (16-B stores, conflict-free);
+      // after one warpgroup barrier the scores read it as K-major A (the same bytes P V
+      // reads M-major): 32 latent wgmma with nothing to wait for in between, the rope
+      // (4 k-steps) from registers. The stages go back before the wgmmas.
 #pragma unroll
-    for (int kc = 0; kc < 8; ++kc) {
-      uint32_t a[4][4];
-      wg_k_chunk<F>(rg, rg8, kc, c, a);
-      if constexpr (kVt) {  // the same f16 values are P V's V^T: into the V tile
+      for (int kc = 0; kc < 8; ++kc) {
+        uint32_t a[4][4];
+        wg_k_chunk<F>(rg, rg8, kc, c, a);
         uint8_t* v0 = vt_mine + 8 * kc * kVtGroupStride;
         ptx::sts128(v0, a[0][0], a[1][0], a[2][0], a[3][0]);
         ptx::sts128(v0 + kVtGroupStride, a[0][2], a[1][2], a[2][2], a[3][2]);
         ptx::sts128(v0 + 128, a[0][1], a[1][1], a[2][1], a[3][1]);
         ptx::sts128(v0 + 128 + kVtGroupStride, a[0][3], a[1][3], a[2][3], a[3][3]);
       }
+      uint32_t ar[4][4];
+      wg_rope<F>(rg, rg8, c, ar);
+      smask = vmask[(w >> 1) ? st1 : st0];
+      if constexpr (f16_rope(F)) {
+        srs[0] = ldsf(rg + P::kRopeScaleOffset);
+        srs[1] = ldsf(rg8 + P::kRopeScaleOffset);
+      }
+      __syncwarp();
+      if (lane == 0) {  // done with both stages
+        ptx::mbar_arrive(mlakv::cuda::ptx::smem_addr(&empty[st0]));
+        ptx::mbar_arrive(mlakv::cuda::ptx::smem_addr(&empty[st1]));
+      }
+      ptx::fence_proxy_async();
+      ptx::named_barrier(kConsumerBarrier, kConsumerThreads);
       ptx::wg_fence();
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int qa = kFp8 ? ((kc >> 1) & 1) : 0;
-        const int first = kFp8 ? ((kc & 1) == 0 && j == 0) : (kc == 0 && j == 0);
-        ptx::wgmma_f16(acc[qa], a[j], q_lo + 32 * (4 * kc + j), b_hi, first ? 0 : 1);
+      for (int ks = 0; ks < 32; ++ks) {
+        ptx::wgmma_f16_ss<0>(acc[0], k_lo + (2 * ks * kVtGroupStride) / 16, k_hi, q_lo + 32 * ks, b_hi, ks == 0 ? 0 : 1);
       }
-      // At most two chunks in flight: the A registers of chunk kc - 1 are free again.
-      ptx::wg_commit();
-      ptx::wg_wait<1>();
-      if constexpr (kFp8) {
-        if (kc >= 2 && (kc & 1) == 0) {  // chunks of quarter kc/2 - 1 are done
-          ptx::wg_hold(acc[((kc >> 1) - 1) & 1]);
-          fold((kc >> 1) - 1);
-        }
-      }
-    }
-    {
-      uint32_t a[4][4];
-      wg_rope<F>(rg, rg8, c, a);
-      ptx::wg_fence();
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const uint32_t d = q_lo + 32 * (32 + j);
-        if constexpr (f16_rope(F)) ptx::wgmma_f16(accr, a[j], d, b_hi, j == 0 ? 0 : 1);
-        else ptx::wgmma_bf16(accr, a[j], d, b_hi, j == 0 ? 0 : 1);
+        if constexpr (f16_rope(F)) ptx::wgmma_f16(accr, ar[j], d, b_hi, j == 0 ? 0 : 1);
+        else ptx::wgmma_bf16(accr, ar[j], d, b_hi, j == 0 ? 0 : 1);
+      }
+    } else {
+#pragma unroll
+      for (int kc = 0; kc < 8; ++kc) {
+        uint32_t a[4][4];
+        wg_k_chunk<F>(rg, rg8, kc, c, a);
+        ptx::wg_fence();
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int qa = kFp8 ? ((kc >> 1) & 1) : 0;
+          const int first = kFp8 ? ((kc & 1) == 0 && j == 0) : (kc == 0 && j == 0);
+          ptx::wgmma_f16(acc[qa], a[j], q_lo + 32 * (4 * kc + j), b_hi, first ? 0 : 1);
+        }
+        // At most two chunks in flight: the A registers of chunk kc - 1 are free again.
+        ptx::wg_commit();
+        ptx::wg_wait<1>();
+        if constexpr (kFp8) {
+          if (kc >= 2 && (kc & 1) == 0) {  // chunks of quarter kc/2 - 1 are done
+            ptx::wg_hold(acc[((kc >> 1) - 1) & 1]);
+            fold((kc >> 1) - 1);
+          }
+        }
+      }
+      {
+        uint32_t a[4][4];
+        wg_rope<F>(rg, rg8, c, a);
+        ptx::wg_fence();
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const uint32_t d = q_lo + 32 * (32 + j);
+          if constexpr (f16_rope(F)) ptx::wgmma_f16(accr, a[j], d, b_hi, j == 0 ? 0 : 1);
+          else ptx::wgmma_bf16(accr, a[j], d, b_hi, j == 0 ? 0 : 1);
+        }
       }
     }
     ptx::wg_commit();
@@ -1180,7 +1208,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_wg_kernel(const __grid_
 
     // ---- scores -> masked, scaled (log2 domain) ----
     float s[8];
-    const uint32_t mask = vmask[(w >> 1) ? st1 : st0];
+    const uint32_t mask = kVt ? smask : vmask[(w >> 1) ? st1 : st0];
     const int64_t tb = begin + static_cast<int64_t>(tile) * kWgTile + 16 * w + g;  // position of token g
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
@@ -1190,18 +1218,13 @@ __global__ void __launch_bounds__(kThreads, 2) attention_wg_kernel(const __grid_
         x = sf[i] + accr[i];
       } else if constexpr (F == KvFormat::kNvfp4DsMla) {
         x = acc[0][i] + accr[i];
+      } else if constexpr (kVt) {
+        x = fmaf(accr[i], srs[h], acc[0][i]);
       } else {
         x = fmaf(accr[i], ldsf((h ? rg8 : rg) + P::kRopeScaleOffset), acc[0][i]);
       }
       const bool ok = ((mask >> (tl + 8 * h)) & 1u) && tb + 8 * h < vis[j][e];
       s[i] = ok ? x * rsc[j][e] : -INFINITY;
-    }
-    if constexpr (kVt) {  // P V reads the V tile: this warp is done with both stages
-      __syncwarp();
-      if (lane == 0) {
-        ptx::mbar_arrive(mlakv::cuda::ptx::smem_addr(&empty[st0]));
-        ptx::mbar_arrive(mlakv::cuda::ptx::smem_addr(&empty[st1]));
-      }
     }
     // ---- row maxima over the 64 tokens: shuffles over g, then across the warps ----
     float mx[2][2];
@@ -1311,7 +1334,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_wg_kernel(const __grid_
       for (int kk = 0; kk < 4; ++kk) {
 #pragma unroll
         for (int mb = 0; mb < 8; ++mb) {
-          ptx::wgmma_f16_ss_mn(o[mb], v_lo + (8 * mb * kVtGroupStride + 256 * kk) / 16, v_hi, p_lo + 32 * kk, b_hi);
+          ptx::wgmma_f16_ss<1>(o[mb], v_lo + (8 * mb * kVtGroupStride + 256 * kk) / 16, v_hi, p_lo + 32 * kk, b_hi, 1);
         }
       }
       ptx::wg_commit();
@@ -1392,8 +1415,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_wg_kernel(const __grid_
         dst = p.part_o + (static_cast<int64_t>(split) * p.rows_total + grow) * kLatentDim;
         if (w == 0 && g == 0) p.part_lse[static_cast<int64_t>(split) * p.rows_total + grow] = lse;
       }
-      // o[mb][4j + 2h + e]: dims as in wg_v_frags (contiguous runs of 4 / 16 floats).
-      if constexpr (kFp8) {
+      if constexpr (kFp8) {  // o[mb][4j + 2h + e]: dims as in wg_v_frags (runs of 4 floats)
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
           const float sc = inv_l * sig[q];
@@ -1409,14 +1431,6 @@ __global__ void __launch_bounds__(kThreads, 2) attention_wg_kernel(const __grid_
         for (int mb = 0; mb < 8; ++mb) {
           d0[64 * mb] = o[mb][4 * j + e] * sc;
           d0[64 * mb + 8] = o[mb][4 * j + 2 + e] * sc;
-        }
-      } else {
-        const float sc = inv_l * post_nv;
-#pragma unroll
-        for (int mq = 0; mq < 4; ++mq) {
-          *reinterpret_cast<float4*>(dst + 16 * wg_g + 4 * mq) =
-              make_float4(o[2 * mq][4 * j + e] * sc, o[2 * mq][4 * j + 2 + e] * sc, o[2 * mq + 1][4 * j + e] * sc,
-                          o[2 * mq + 1][4 * j + 2 + e] * sc);
         }
       }
     }

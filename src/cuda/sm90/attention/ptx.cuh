@@ -158,15 +158,17 @@ __device__ __forceinline__ void wgmma_bf16(float (&d)[8], const uint32_t (&a)[4]
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(dlo), "r"(dhi), "r"(acc));
 }
-// d += A (64 x 16 at descriptor a, M-major: imm-trans-a = 1) * B (16 x 16 at descriptor b,
-// K-major). M-major, no swizzle: element (m, k) at (m % 8) * 2 + (m / 8) * sbo_a +
-// (k % 8) * 16 + (k / 8) * lbo_a bytes (core matrices of 8 k-rows x 16 B of m).
-__device__ __forceinline__ void wgmma_f16_ss_mn(float (&d)[8], uint32_t alo, uint32_t ahi, uint32_t blo, uint32_t bhi) {
+// d = A (64 x 16 at descriptor a) * B (16 x 16 at descriptor b, K-major) + (acc ? d : 0);
+// kTransA 0: A K-major (as B); 1: A M-major, no swizzle: element (m, k) at (m % 8) * 2 +
+// (m / 8) * sbo + (k % 8) * 16 + (k / 8) * lbo bytes (core matrices of 8 k-rows x 16 B of m).
+template <int kTransA>
+__device__ __forceinline__ void wgmma_f16_ss(float (&d)[8], uint32_t alo, uint32_t ahi, uint32_t blo, uint32_t bhi,
+                                             int acc) {
   asm volatile(
       "{\n.reg .pred p;\n.reg .b64 da, db;\nsetp.ne.b32 p, %12, 0;\nmov.b64 da, {%8, %9};\nmov.b64 db, {%10, %11};\n"
-      "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7}, da, db, p, 1, 1, 1, 0;\n}\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7}, da, db, p, 1, 1, %13, 0;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-      : "r"(alo), "r"(ahi), "r"(blo), "r"(bhi), "r"(1));
+      : "r"(alo), "r"(ahi), "r"(blo), "r"(bhi), "r"(acc), "n"(kTransA));
 }
 __device__ __forceinline__ void sts128(uint8_t* p, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
   *reinterpret_cast<uint4*>(p) = make_uint4(a, b, c, d);
