@@ -765,6 +765,8 @@ __global__ void __launch_bounds__(kThreads, 2) attention_sm90_kernel(const __gri
 // Every dequantized element is exact in f16 (e4m3; e2m1 * sf * 2^-7; int8), as in v7, so
 // the harness's emulation (exact K/V, q and P roundings) is unchanged.
 constexpr int kWgTile = 64;                     // tokens per consumer tile (= 2 stages)
+[[maybe_unused]] constexpr float kLazyLog2 = 8.0f;  // lazy rescale margin (log2 units)
+[[maybe_unused]] constexpr int kLazyBarrier = 2;    // named barrier id of the lazy rescale's OR
 constexpr int kWgKSteps = kQkDim / 16;          // 36 score k-steps (32 latent + 4 rope)
 constexpr int kQtBytes = kWgKSteps * 512;       // Q^T: per k-step 16 rows x 16 k, f16/bf16
 constexpr int kPtBytes = (kWgTile / 16) * 512;  // one P^T copy: 4 k-steps of 16 tokens
@@ -1226,105 +1228,170 @@ __global__ void __launch_bounds__(kThreads, 2) attention_wg_kernel(const __grid_
       const bool ok = ((mask >> (tl + 8 * h)) & 1u) && tb + 8 * h < vis[j][e];
       s[i] = ok ? x * rsc[j][e] : -INFINITY;
     }
-    // ---- row maxima over the 64 tokens: shuffles over g, then across the warps ----
-    float mx[2][2];
+    if constexpr (kVt) {
+      // Lazy rescale (e2m1 formats): P against the running maxima m_run, identical in every
+      // warp, unless a score exceeds its row's by more than kLazyLog2 (P <= 2^8 in f16);
+      // the P^T barrier ORs that test, so the common tile has one barrier and no exchange.
+      bool need = false;
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
+      for (int i = 0; i < 8; ++i) need = need || s[i] > m_run[i >> 2][i & 1] + kLazyLog2;
+      float pv[8];
+      auto put_p = [&]() {
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        float v = fmaxf(s[4 * j + e], s[4 * j + 2 + e]);
-        v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 4));
-        v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 8));
-        v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 16));
-        mx[j][e] = v;
+        for (int i = 0; i < 8; ++i) {
+          const float m = m_run[i >> 2][i & 1];
+          pv[i] = m == -INFINITY ? 0.0f : exp2f(s[i] - m);
+        }
+        ptx::stmatrix_x4_trans(pt_addr + 512 * w + 16 * lane, ptx::pack_f16x2(pv[0], pv[1]),
+                               ptx::pack_f16x2(pv[2], pv[3]), ptx::pack_f16x2(pv[4], pv[5]),
+                               ptx::pack_f16x2(pv[6], pv[7]));
+        ptx::fence_proxy_async();
+      };
+      put_p();
+      if (ptx::named_barrier_or(kLazyBarrier, kConsumerThreads, need)) {  // the whole warpgroup
+        float alpha[2][2];
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float v = fmaxf(s[4 * j + e], s[4 * j + 2 + e]);
+            v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 4));
+            v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 8));
+            v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 16));
+            if (g == 0) red[w * kRows + 8 * j + 2 * c + e] = v;
+          }
+        }
+        ptx::named_barrier(kConsumerBarrier, kConsumerThreads);
+        bool change = false;
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int r = 8 * j + 2 * c + e;
+            const float mt = fmaxf(fmaxf(red[r], red[kRows + r]), fmaxf(red[2 * kRows + r], red[3 * kRows + r]));
+            const float m_new = fmaxf(m_run[j][e], mt);
+            alpha[j][e] = m_run[j][e] == -INFINITY ? 0.0f : exp2f(m_run[j][e] - m_new);
+            m_run[j][e] = m_new;
+            l_run[j][e] *= alpha[j][e];
+            change = change || alpha[j][e] != 1.0f;
+          }
+        }
+        if (__any_sync(0xFFFFFFFFu, change)) {
+#pragma unroll
+          for (int mb = 0; mb < 8; ++mb) {
+#pragma unroll
+            for (int i = 0; i < 8; ++i) o[mb][i] *= alpha[i >> 2][i & 1];
+          }
+        }
+        put_p();  // every warp has passed the OR barrier: nothing reads the old P^T
+        ptx::named_barrier(kConsumerBarrier, kConsumerThreads);
       }
-    }
-    float tsm[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    if constexpr (kFp8) {
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        float v = fmaxf(ts[q][0], ts[q][1]);
-        v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 4));
-        v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 8));
-        v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 16));
-        tsm[q] = v;
-      }
-    }
-    if (g == 0) {
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
 #pragma unroll
-        for (int e = 0; e < 2; ++e) red[w * kRows + 8 * j + 2 * c + e] = mx[j][e];
+        for (int e = 0; e < 2; ++e) l_run[j][e] += pv[4 * j + e] + pv[4 * j + 2 + e];
       }
-      if (kFp8 && c == 0) {
+    } else {
+      // ---- row maxima over the 64 tokens: shuffles over g, then across the warps ----
+      float mx[2][2];
 #pragma unroll
-        for (int q = 0; q < 4; ++q) red[kConsumerWarps * kRows + 4 * w + q] = tsm[q];
-      }
-    }
-    ptx::named_barrier(kConsumerBarrier, kConsumerThreads);
-    float alpha[2][2];
+      for (int j = 0; j < 2; ++j) {
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int r = 8 * j + 2 * c + e;
-        const float mt = fmaxf(fmaxf(red[r], red[kRows + r]), fmaxf(red[2 * kRows + r], red[3 * kRows + r]));
-        const float m_new = fmaxf(m_run[j][e], mt);
-        alpha[j][e] = m_run[j][e] == -INFINITY ? 0.0f : exp2f(m_run[j][e] - m_new);
-        m_run[j][e] = m_new;
-      }
-    }
-    float ratio[4] = {1.0f, 1.0f, 1.0f, 1.0f}, inv[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    if constexpr (kFp8) {
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const float* rs = red + kConsumerWarps * kRows + q;
-        const float sm = fmaxf(fmaxf(rs[0], rs[4]), fmaxf(rs[8], rs[12]));
-        if (sm > sig[q]) {
-          ratio[q] = sig[q] / sm;
-          sig[q] = sm;
-        }
-        inv[q] = sig[q] > 0.0f ? 1.0f / sig[q] : 0.0f;
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int j = i >> 2, e = i & 1;
-      const float pv = m_run[j][e] == -INFINITY ? 0.0f : exp2f(s[i] - m_run[j][e]);
-      s[i] = pv;
-    }
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) l_run[j][e] = l_run[j][e] * alpha[j][e] + s[4 * j + e] + s[4 * j + 2 + e];
-    }
-    // ---- O rescale (skipped when no factor changes) ----
-    bool change = alpha[0][0] != 1.0f || alpha[0][1] != 1.0f || alpha[1][0] != 1.0f || alpha[1][1] != 1.0f;
-    if constexpr (kFp8) change = change || ratio[0] != 1.0f || ratio[1] != 1.0f || ratio[2] != 1.0f || ratio[3] != 1.0f;
-    if (__any_sync(0xFFFFFFFFu, change)) {
-#pragma unroll
-      for (int mb = 0; mb < 8; ++mb) {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          const float f = alpha[i >> 2][i & 1] * (kFp8 ? ratio[mb >> 1] : 1.0f);
-          o[mb][i] *= f;
+        for (int e = 0; e < 2; ++e) {
+          float v = fmaxf(s[4 * j + e], s[4 * j + 2 + e]);
+          v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 4));
+          v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 8));
+          v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 16));
+          mx[j][e] = v;
         }
       }
-    }
-    // ---- P^T (f16) by stmatrix.trans: warp w's 16 tokens are P V k-step w ----
-#pragma unroll
-    for (int q = 0; q < kCopies; ++q) {
-      float f0 = 1.0f, f1 = 1.0f;
+      float tsm[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       if constexpr (kFp8) {
-        f0 = ts[q][0] * inv[q];
-        f1 = ts[q][1] * inv[q];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          float v = fmaxf(ts[q][0], ts[q][1]);
+          v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 4));
+          v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 8));
+          v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 16));
+          tsm[q] = v;
+        }
       }
-      const uint32_t r0 = ptx::pack_f16x2(s[0] * f0, s[1] * f0), r1 = ptx::pack_f16x2(s[2] * f1, s[3] * f1);
-      const uint32_t r2 = ptx::pack_f16x2(s[4] * f0, s[5] * f0), r3 = ptx::pack_f16x2(s[6] * f1, s[7] * f1);
-      ptx::stmatrix_x4_trans(pt_addr + q * kPtBytes + 512 * w + 16 * lane, r0, r1, r2, r3);
+      if (g == 0) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) red[w * kRows + 8 * j + 2 * c + e] = mx[j][e];
+        }
+        if (kFp8 && c == 0) {
+#pragma unroll
+          for (int q = 0; q < 4; ++q) red[kConsumerWarps * kRows + 4 * w + q] = tsm[q];
+        }
+      }
+      ptx::named_barrier(kConsumerBarrier, kConsumerThreads);
+      float alpha[2][2];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int r = 8 * j + 2 * c + e;
+          const float mt = fmaxf(fmaxf(red[r], red[kRows + r]), fmaxf(red[2 * kRows + r], red[3 * kRows + r]));
+          const float m_new = fmaxf(m_run[j][e], mt);
+          alpha[j][e] = m_run[j][e] == -INFINITY ? 0.0f : exp2f(m_run[j][e] - m_new);
+          m_run[j][e] = m_new;
+        }
+      }
+      float ratio[4] = {1.0f, 1.0f, 1.0f, 1.0f}, inv[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      if constexpr (kFp8) {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const float* rs = red + kConsumerWarps * kRows + q;
+          const float sm = fmaxf(fmaxf(rs[0], rs[4]), fmaxf(rs[8], rs[12]));
+          if (sm > sig[q]) {
+            ratio[q] = sig[q] / sm;
+            sig[q] = sm;
+          }
+          inv[q] = sig[q] > 0.0f ? 1.0f / sig[q] : 0.0f;
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int j = i >> 2, e = i & 1;
+        const float pv = m_run[j][e] == -INFINITY ? 0.0f : exp2f(s[i] - m_run[j][e]);
+        s[i] = pv;
+      }
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) l_run[j][e] = l_run[j][e] * alpha[j][e] + s[4 * j + e] + s[4 * j + 2 + e];
+      }
+      // ---- O rescale (skipped when no factor changes) ----
+      bool change = alpha[0][0] != 1.0f || alpha[0][1] != 1.0f || alpha[1][0] != 1.0f || alpha[1][1] != 1.0f;
+      if constexpr (kFp8) change = change || ratio[0] != 1.0f || ratio[1] != 1.0f || ratio[2] != 1.0f || ratio[3] != 1.0f;
+      if (__any_sync(0xFFFFFFFFu, change)) {
+#pragma unroll
+        for (int mb = 0; mb < 8; ++mb) {
+#pragma unroll
+          for (int i = 0; i < 8; ++i) {
+            const float f = alpha[i >> 2][i & 1] * (kFp8 ? ratio[mb >> 1] : 1.0f);
+            o[mb][i] *= f;
+          }
+        }
+      }
+      // ---- P^T (f16) by stmatrix.trans: warp w's 16 tokens are P V k-step w ----
+#pragma unroll
+      for (int q = 0; q < kCopies; ++q) {
+        float f0 = 1.0f, f1 = 1.0f;
+        if constexpr (kFp8) {
+          f0 = ts[q][0] * inv[q];
+          f1 = ts[q][1] * inv[q];
+        }
+        const uint32_t r0 = ptx::pack_f16x2(s[0] * f0, s[1] * f0), r1 = ptx::pack_f16x2(s[2] * f1, s[3] * f1);
+        const uint32_t r2 = ptx::pack_f16x2(s[4] * f0, s[5] * f0), r3 = ptx::pack_f16x2(s[6] * f1, s[7] * f1);
+        ptx::stmatrix_x4_trans(pt_addr + q * kPtBytes + 512 * w + 16 * lane, r0, r1, r2, r3);
+      }
+      ptx::fence_proxy_async();
+      ptx::named_barrier(kConsumerBarrier, kConsumerThreads);
     }
-    ptx::fence_proxy_async();
-    ptx::named_barrier(kConsumerBarrier, kConsumerThreads);
 
     // ---- O^T += V^T P^T ----
     if constexpr (kVt) {

@@ -58,6 +58,17 @@ __device__ __forceinline__ void named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// Barrier `id` over `threads` threads that also ORs `v` over them: every thread gets the OR.
+__device__ __forceinline__ bool named_barrier_or(int id, int threads, bool v) {
+  uint32_t r;
+  asm volatile(
+      "{\n.reg .pred p, q;\nsetp.ne.u32 p, %1, 0;\nbar.red.or.pred q, %2, %3, p;\nselp.u32 %0, 1, 0, q;\n}\n"
+      : "=r"(r)
+      : "r"(static_cast<uint32_t>(v)), "r"(id), "r"(threads)
+      : "memory");
+  return r != 0;
+}
+
 // The two e4m3 bytes in the low (or high) half of x -> f16x2 (low byte -> low half),
 // exact (hardware on sm_89+); the half is picked by register selection, not a shift.
 __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t x) {
