@@ -18,8 +18,8 @@
 //  (3) the fp32 sums over n tokens and S splits: (2n + 8 + 4S) u max|v|.
 // lse: tol = d + (n + 8) u + 4 u |lse| (exp2/log2 approximations included).
 // The sm90 kernel (src/cuda/sm90/attention/) rounds differently for the quantized formats: K/V
-// stay exact (e4m3 * scale, e2m1 * sf; the outer scale moves into q), q's latent part
-// (and an e4m3 rope's q) is rounded to f16 after a per-row power-of-two prescale, and P
+// stay exact (e4m3 * scale, e2m1 * sf, int8; the outer scale moves into q), q's latent part
+// (and an 8-bit rope's q) is rounded to f16 after a per-row power-of-two prescale, and P
 // to f16 (<= 2^-11, inside the 2^-8 term). The emulation applies exactly those q
 // roundings for that kernel, so the same tolerance derivation holds.
 #include <cuda_runtime.h>
