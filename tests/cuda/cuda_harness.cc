@@ -18,8 +18,8 @@
 //  (3) the fp32 sums over n tokens and S splits: (2n + 8 + 4S) u max|v|.
 // lse: tol = d + (n + 8) u + 4 u |lse| (exp2/log2 approximations included).
 // The sm90 kernel (src/cuda/sm90/attention/) rounds differently for the quantized formats: K/V
-// stay exact (e4m3 * scale, e2m1 * sf; the outer scale moves into q), q's latent part
-// (and an e4m3 rope's q) is rounded to f16 after a per-row power-of-two prescale, and P
+// stay exact (e4m3 * scale, e2m1 * sf, int8; the outer scale moves into q), q's latent part
+// (and an 8-bit rope's q) is rounded to f16 after a per-row power-of-two prescale, and P
 // to f16 (<= 2^-11, inside the 2^-8 term). The emulation applies exactly those q
 // roundings for that kernel, so the same tolerance derivation holds.
 #include <cuda_runtime.h>
@@ -107,9 +107,9 @@ double f16r(float x) { return static_cast<double>(static_cast<_Float16>(x)); }  
 
 // q as the sm90 kernel rounds it for a quantized format: per row, e = 15 - ex where
 // amax = max |q_lat * base|, |q_rope| < 2^ex; the latent goes to f16 at M = base * 2^e
-// (base = s_l * 2^7 for e2m1, 1 for fp8), the rope to f16 (e4m3 rope) or bf16 at 2^e.
+// (base = s_l * 2^7 for e2m1, 1 for fp8), the rope to f16 (e4m3 or int8 rope) or bf16 at 2^e.
 std::vector<double> sm90_q(const float* q, KvFormat f, float outer) {
-  const bool nvfp4 = is_nvfp4_format(f);  // (int8-rope and token-scale layers never reach sm90: attention_path.cc)
+  const bool nvfp4 = is_nvfp4_format(f);  // (token-scale layers never reach sm90: attention_path.cc)
   const float base = nvfp4 ? outer * 128.0f : 1.0f;
   float amax = 0.0f;
   for (int d = 0; d < kQkDim; ++d) amax = std::max(amax, std::fabs(q[d] * (d < kLatentDim ? base : 1.0f)));
@@ -124,7 +124,7 @@ std::vector<double> sm90_q(const float* q, KvFormat f, float outer) {
   for (int d = 0; d < kQkDim; ++d) {
     if (d < kLatentDim) {
       r[static_cast<std::size_t>(d)] = f16r(q[d] * m_lat) / static_cast<double>(m_lat);
-    } else if (f == KvFormat::kNvfp4DsMlaFp8Rope) {
+    } else if (f == KvFormat::kNvfp4DsMlaFp8Rope || f == KvFormat::kNvfp4DsMlaInt8Rope) {  // 8-bit rope codes
       r[static_cast<std::size_t>(d)] = f16r(q[d] * m_rope) / static_cast<double>(m_rope);
     } else {
       r[static_cast<std::size_t>(d)] = bf16r(q[d]);
@@ -356,9 +356,9 @@ class Cuda : public ::testing::Test {
 
 const KvFormat kFormats[] = {KvFormat::kBf16, KvFormat::kFp8DsMla, KvFormat::kNvfp4DsMla, KvFormat::kNvfp4DsMlaFp8Rope,
                              KvFormat::kNvfp4DsMlaInt8Rope};
-// The formats the sm90 kernel serves (nvfp4_ds_mla_int8rope runs on sm80 on Hopper too, for now).
+// The formats the sm90 kernel serves (all five; token-scale layers run on sm80 on Hopper, for now).
 const KvFormat kSm90Formats[] = {KvFormat::kBf16, KvFormat::kFp8DsMla, KvFormat::kNvfp4DsMla,
-                                 KvFormat::kNvfp4DsMlaFp8Rope};
+                                 KvFormat::kNvfp4DsMlaFp8Rope, KvFormat::kNvfp4DsMlaInt8Rope};
 const KvFormat kNvfp4Formats[] = {KvFormat::kNvfp4DsMla, KvFormat::kNvfp4DsMlaFp8Rope, KvFormat::kNvfp4DsMlaInt8Rope};
 
 // ---- attention: one named case per parameter set ------------------------------------------
@@ -714,16 +714,17 @@ TEST_F(Cuda, KernelChoiceFollowsTheDeviceAndTheEnvironment) {
   }
 }
 
-// Interim routing (issue 14): nvfp4_ds_mla_int8rope and token-scale layers have no sm90
-// kernel, so every device plans them on sm80, and MLAKV_CUDA_ATTENTION=sm90 refuses them.
-TEST_F(Cuda, Int8RopeAndTokenScaleLayersRunOnSm80) {
-  for (int which = 0; which < 2; ++which) {
+// Interim routing (issue 14): token-scale layers have no sm90 kernel, so every device plans
+// them on sm80 and MLAKV_CUDA_ATTENTION=sm90 refuses them; nvfp4_ds_mla_int8rope (without the
+// mode) plans on the sm90 kernel on an sm_90 device, like the other formats.
+TEST_F(Cuda, TokenScaleLayersRunOnSm80AndInt8RopeOnSm90) {
+  for (int which = 0; which < 3; ++which) {
     Case c;
-    c.format = which == 0 ? KvFormat::kNvfp4DsMlaInt8Rope : KvFormat::kNvfp4DsMlaFp8Rope;
-    c.token_scale = which == 1;
+    c.format = which == 1 ? KvFormat::kNvfp4DsMlaFp8Rope : KvFormat::kNvfp4DsMlaInt8Rope;
+    c.token_scale = which >= 1;
     c.heads = 16;
     c.seqlens = {10};
-    SCOPED_TRACE(which == 0 ? "int8 rope" : "fp8 rope, token-scale mode");
+    SCOPED_TRACE(which == 0 ? "int8 rope" : which == 1 ? "fp8 rope, token-scale mode" : "int8 rope, token-scale mode");
     Host t = build(c);
     DeviceBuffer<uint8_t> d_cache(static_cast<std::size_t>(t.view.num_slots()) * t.view.record_bytes);
     std::vector<float> out, lse;
@@ -744,9 +745,10 @@ TEST_F(Cuda, Int8RopeAndTokenScaleLayersRunOnSm80) {
     p.lse.device = Device::cuda(0);
     auto plan = cuda::plan_mla_attention(p);
     ASSERT_TRUE(plan.ok()) << plan.status().to_string();
-    EXPECT_EQ(plan->path, cuda::AttentionPath::kSm80);
+    const bool sm90 = which == 0 && is_hopper();
+    EXPECT_EQ(plan->path, sm90 ? cuda::AttentionPath::kSm90 : cuda::AttentionPath::kSm80);
     KernelEnv env("sm90");
-    EXPECT_FALSE(cuda::plan_mla_attention(p).ok());
+    EXPECT_EQ(cuda::plan_mla_attention(p).ok(), sm90);
   }
 }
 
@@ -806,7 +808,6 @@ TEST_F(Cuda, HopperWarpgroupKernelTileEdges) {
   KernelEnv env("sm90");
   for (KvFormat f : kFormats) {
     if (f == KvFormat::kBf16) continue;  // the bf16 format runs the v7 kernel (covered above)
-    if (f == KvFormat::kNvfp4DsMlaInt8Rope) continue;  // served by the sm80 kernel for now (attention_path)
     for (int variant = 0; variant < 3; ++variant) {
       Case c;
       c.format = f;

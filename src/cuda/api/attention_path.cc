@@ -25,12 +25,9 @@ constexpr AttentionKernels kSm80Kernels{"sm80",
                                         &sm80::launch_attention};
 
 #ifdef MLAKV_CUDA_HAVE_ARCH_90a
-// Interim (issue 14): the sm90 kernel has no nvfp4_ds_mla_int8rope instantiation and does
-// not read the per-token scale s_t, so those layers run on the sm80 path on Hopper too
-// (dispatch_format's default KernelSet leaves int8rope out for the same reason).
-bool sm90_format_ready(const MlaAttentionParams& p) {
-  return p.cache.format != KvFormat::kNvfp4DsMlaInt8Rope && !p.cache.token_scale;
-}
+// Interim (issue 14): the sm90 kernel does not read the per-token scale s_t, so token-scale
+// layers run on the sm80 path on Hopper too.
+bool sm90_format_ready(const MlaAttentionParams& p) { return !p.cache.token_scale; }
 
 bool sm90_serves(const MlaAttentionParams& p) {
   return sm90_format_ready(p) && sm90::supports(p.cache.format, p.cache.record_bytes, p.cache.data) &&
@@ -71,9 +68,9 @@ StatusOr<AttentionPath> select_attention_path(const MlaAttentionParams& p) {
   if (require_sm90 && !sm90) {
     return invalid_argument(fmt::format(
         "MLAKV_CUDA_ATTENTION=sm90: the Hopper kernel cannot run here (needs a compute capability 9.0 device, a "
-        "binary built with 90a in MLAKV_CUDA_ARCHS, one of bf16, fp8_ds_mla, nvfp4_ds_mla, nvfp4_ds_mla_fp8rope "
-        "at L=512 R=64 without the token-scale mode (nvfp4_ds_mla_int8rope and token-scale layers run on sm80 "
-        "for now) and a 16-byte aligned cache; got {}, {}, {} B records{})",
+        "binary built with 90a in MLAKV_CUDA_ARCHS, one of bf16, fp8_ds_mla, nvfp4_ds_mla, nvfp4_ds_mla_fp8rope, "
+        "nvfp4_ds_mla_int8rope at L=512 R=64 without the token-scale mode (token-scale layers run on sm80 for now) "
+        "and a 16-byte aligned cache; got {}, {}, {} B records{})",
         device_name(p.cache.device), format_name(p.cache.format), p.cache.record_bytes,
         p.cache.token_scale ? ", token-scale mode" : ""));
   }

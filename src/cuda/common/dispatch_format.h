@@ -25,10 +25,8 @@ struct FormatTag {
 static_assert(kNumKvFormats == 6, "dispatch_format: add a case for the new KvFormat");
 
 // Which formats a kernel family has instantiations for. kAll: every CUDA format (the
-// cache writer, the sm80 attention path). kNoInt8Rope: all but nvfp4_ds_mla_int8rope,
-// the default, for the sm90 attention path, which has no kernel for that record yet
-// (interim: cuda/api/attention_path.cc routes int8-rope and token-scale layers to sm80
-// on Hopper). When sm90 gains the instantiation, it passes kAll and this default goes.
+// cache writer, the sm80 and sm90 attention paths pass it). kNoInt8Rope: all but
+// nvfp4_ds_mla_int8rope, the default, for a kernel family without that record.
 enum class KernelSet { kAll, kNoInt8Rope };
 
 template <KernelSet S = KernelSet::kNoInt8Rope, class R, class Fn>

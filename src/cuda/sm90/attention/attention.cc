@@ -30,16 +30,16 @@ bool supports(KvFormat format, int record_bytes_, const void* cache) {
 int split_granule_of(KvFormat format) { return split_granule(format); }
 
 int configure_attention(KvFormat format, int record_bytes_) {
-  return dispatch_format(format, int{cudaErrorInvalidValue},
+  return dispatch_format<KernelSet::kAll>(format, int{cudaErrorInvalidValue},
                          [&](auto tag) { return configure<decltype(tag)::value>(record_bytes_); });
 }
 
 int attention_ctas_per_sm(KvFormat format, int record_bytes_) {
-  return dispatch_format(format, 0, [&](auto tag) { return ctas_per_sm<decltype(tag)::value>(record_bytes_); });
+  return dispatch_format<KernelSet::kAll>(format, 0, [&](auto tag) { return ctas_per_sm<decltype(tag)::value>(record_bytes_); });
 }
 
 int launch_attention(KvFormat format, const kernels::AttentionParams& p, int row_blocks, void* stream) {
-  return dispatch_format(format, int{cudaErrorInvalidValue},
+  return dispatch_format<KernelSet::kAll>(format, int{cudaErrorInvalidValue},
                          [&](auto tag) { return launch<decltype(tag)::value>(p, row_blocks, stream); });
 }
 

@@ -3,8 +3,9 @@
 // Same semantics as the sm80 path (src/cuda/sm80/attention/kernel.cuh); design notes in
 // docs/design.md ("Hopper kernels"). Two kernels share the producer warp and the ring:
 //   - attention_sm90_kernel (v7, described here first): the bf16 format;
-//   - attention_wg_kernel (v8, described further down): the quantized formats, the KV
-//     tile as the M dimension of wgmma m64n16k16 (S^T = K Q^T, O^T = V^T P^T).
+//   - attention_wg_kernel (v8/v9, described further down): the quantized formats, the KV
+//     tile as the M dimension of wgmma m64n16k16 (S^T = K Q^T, O^T = V^T P^T); v9 (the
+//     e2m1 formats) converts each element once into an f16 V tile both MMAs read.
 //
 // v7: one CTA = 16 query rows x one KV split of one request (dense) or one query (sparse),
 // 5 warps:
@@ -100,6 +101,11 @@ struct Fmt<KvFormat::kNvfp4DsMlaFp8Rope> {
   static constexpr int kRecord = record::Parts<KvFormat::kNvfp4DsMlaFp8Rope>::kRecordBytes;  // 368 = 23 chunks
   static constexpr int kStride = kRecord;
 };
+template <>
+struct Fmt<KvFormat::kNvfp4DsMlaInt8Rope> {  // the fp8-rope record's layout, int8 rope codes (warpgroup kernel only)
+  static constexpr int kRecord = record::Parts<KvFormat::kNvfp4DsMlaInt8Rope>::kRecordBytes;  // 368
+  static constexpr int kStride = kRecord;
+};
 
 template <KvFormat F>
 constexpr int stages() {
@@ -113,9 +119,14 @@ constexpr std::size_t smem_bytes() {
 static_assert(stages<KvFormat::kBf16>() >= 2 && stages<KvFormat::kFp8DsMla>() >= 2);
 static_assert(split_granule(KvFormat::kBf16) == kT);  // v7 rounds split chunks to kT (launch.h)
 
-[[maybe_unused]] constexpr bool is_nvfp4(KvFormat f) { return f == KvFormat::kNvfp4DsMla || f == KvFormat::kNvfp4DsMlaFp8Rope; }
+[[maybe_unused]] constexpr bool is_nvfp4(KvFormat f) {
+  return f == KvFormat::kNvfp4DsMla || f == KvFormat::kNvfp4DsMlaFp8Rope || f == KvFormat::kNvfp4DsMlaInt8Rope;
+}
 [[maybe_unused]] constexpr bool f16_latent(KvFormat f) { return f != KvFormat::kBf16; }
-[[maybe_unused]] constexpr bool f16_rope(KvFormat f) { return f == KvFormat::kNvfp4DsMlaFp8Rope; }
+// 8-bit rope codes (e4m3 or int8) with an fp32 rope scale per record: f16 rope, scale per token.
+[[maybe_unused]] constexpr bool f16_rope(KvFormat f) {
+  return f == KvFormat::kNvfp4DsMlaFp8Rope || f == KvFormat::kNvfp4DsMlaInt8Rope;
+}
 
 // Head dim (0..575) that k index `kidx` of score k-step `ks` (0..7 latent, 8 rope) of
 // warp w means. The B fragments are loaded in whatever dim order is cheapest for the
@@ -745,9 +756,19 @@ __global__ void __launch_bounds__(kThreads, 2) attention_sm90_kernel(const __gri
 //   P V     O^T (512 x 16) = V^T (512 x 64) P^T: 32 wgmma m64n16k16, A = V^T
 //           dequantized into registers (a thread's dims are contiguous bytes of 4
 //           tokens, byte-interleaved by prmt), B = P^T.
-// Every dequantized element is exact in f16 (e4m3; e2m1 * sf * 2^-7), as in v7, so the
-// harness's emulation (exact K/V, q and P roundings) is unchanged.
+// v9, the e2m1 formats (kVt, wg_vtile): each latent element is converted once. The
+// warps convert their 16 tokens into the V tile (f16, 64 tokens x 512 dims in shared
+// memory), and after one warpgroup barrier both MMAs read it as their A operand through
+// descriptors: the scores as K-major A (32 latent wgmma back to back; the 4 rope k-steps
+// still from registers), P V as M-major A (imm-trans-a; 32 wgmma, nothing to convert).
+// The ring stages go back to the producer before the score wgmmas; the V tile leaves
+// room for 2 stages only (one consumer tile) beside Q^T at two CTAs per SM. fp8 keeps
+// the register path (its V tile would not fit beside 2 fp8 stages).
+// Every dequantized element is exact in f16 (e4m3; e2m1 * sf * 2^-7; int8), as in v7, so
+// the harness's emulation (exact K/V, q and P roundings) is unchanged.
 constexpr int kWgTile = 64;                     // tokens per consumer tile (= 2 stages)
+[[maybe_unused]] constexpr float kLazyLog2 = 8.0f;  // lazy rescale margin (log2 units)
+[[maybe_unused]] constexpr int kLazyBarrier = 2;    // named barrier id of the lazy rescale's OR
 constexpr int kWgKSteps = kQkDim / 16;          // 36 score k-steps (32 latent + 4 rope)
 constexpr int kQtBytes = kWgKSteps * 512;       // Q^T: per k-step 16 rows x 16 k, f16/bf16
 constexpr int kPtBytes = (kWgTile / 16) * 512;  // one P^T copy: 4 k-steps of 16 tokens
@@ -757,13 +778,27 @@ constexpr int wg_pt_copies() {
 }
 constexpr int kWgRedBytes = 4 * (kConsumerWarps * kRows + kConsumerWarps * 4);
 constexpr int kWgMiscBytes = 2 * 8 * kMaxStages + 4 * kMaxStages + 4 * kRows * 3;
+// The V tile (e2m1 formats): the tile's 64 tokens x 512 latent dims as the f16 values the
+// scores converted, M-major for P V's A operand (wgmma imm-trans-a): 8-dim group G (SBO =
+// kVtGroupStride apart; 16 B of padding make the scores' 16-B stores conflict-free), then
+// 8-token groups 128 B apart (LBO), 16 B per token. Within a group the 8 halves hold dims
+// 8G + vt_dim(p), the order of the score fragments' e2m1 pairs (undone at the output).
+constexpr int kVtGroupStride = 1024 + 16;
+constexpr int kVtBytes = (kLatentDim / 8) * kVtGroupStride;  // 66,560
+// Two CTAs per SM: 228 KB per SM, 1 KB reserved per CTA.
+constexpr int kWgSmemBudget = 228 * 1024 / 2 - 1024;
+template <KvFormat F>
+constexpr bool wg_vtile() {
+  return is_nvfp4(F);
+}
 template <KvFormat F>
 constexpr int wg_fixed_bytes() {
-  return kQtBytes + wg_pt_copies<F>() * kPtBytes + kWgRedBytes + ((kWgMiscBytes + 127) & ~127);
+  return kQtBytes + wg_pt_copies<F>() * kPtBytes + (wg_vtile<F>() ? kVtBytes : 0) + kWgRedBytes +
+         ((kWgMiscBytes + 127) & ~127);
 }
 template <KvFormat F>
 constexpr int wg_stages() {
-  const int n = (kSmemBudget - wg_fixed_bytes<F>()) / (kT * Fmt<F>::kRecord);
+  const int n = ((wg_vtile<F>() ? kWgSmemBudget : kSmemBudget) - wg_fixed_bytes<F>()) / (kT * Fmt<F>::kRecord);
   return n < kMaxStages ? n : kMaxStages;
 }
 template <KvFormat F>
@@ -771,8 +806,10 @@ constexpr std::size_t wg_smem_bytes() {
   return static_cast<std::size_t>(wg_stages<F>()) * kT * Fmt<F>::kRecord + wg_fixed_bytes<F>();
 }
 static_assert(wg_stages<KvFormat::kFp8DsMla>() >= 2 && wg_stages<KvFormat::kNvfp4DsMla>() >= 2 &&
-              wg_stages<KvFormat::kNvfp4DsMlaFp8Rope>() >= 2);
+              wg_stages<KvFormat::kNvfp4DsMlaFp8Rope>() >= 2 && wg_stages<KvFormat::kNvfp4DsMlaInt8Rope>() >= 2);
 static_assert(split_granule(KvFormat::kFp8DsMla) == kWgTile);  // v8 rounds split chunks to kWgTile (launch.h)
+// Dim (0..7) of the 8-dim group that half p of a V tile row holds: the e2m1 pairs (j, j + 4).
+__host__ __device__ constexpr int vt_dim(int p) { return (p >> 1) + 4 * (p & 1); }
 
 // Byte offset of element (row n, k index kk) of a 16 x 16 B block (K-major, no swizzle:
 // core matrices (n / 8, kk / 8) at 256 (n / 8) + 128 (kk / 8), rows 16 B apart).
@@ -784,6 +821,7 @@ __host__ __device__ constexpr int wg_b_offset(int n, int kk) {
 template <KvFormat F>
 __host__ __device__ constexpr int wg_qdim(int ks, int kk) {
   const int c = (kk & 7) >> 1, e = kk & 1, hi = kk >> 3;
+  if (wg_vtile<F>() && ks < 32) return 16 * ks + 8 * hi + vt_dim(kk & 7);  // the V tile's order
   if (ks < 32) {
     const int kc = ks >> 2, j = ks & 3, base = 64 * kc + 16 * c;
     if constexpr (is_nvfp4(F)) return base + 8 * hi + j + 4 * e;  // e2m1 pairs (nibble j, j + 4)
@@ -828,11 +866,23 @@ __device__ __forceinline__ void wg_k_chunk(const uint8_t* rg, const uint8_t* rg8
   }
 }
 
-// A fragments of the 4 rope k-steps (bf16 rope: raw pairs; e4m3 rope: cvt to f16).
+// A fragments of the 4 rope k-steps (bf16 rope: raw pairs; e4m3 rope: cvt to f16; int8
+// rope: the exact integers in f16 by byte permute; 8-bit ropes keep the same dim order).
 template <KvFormat F>
 __device__ __forceinline__ void wg_rope(const uint8_t* rg, const uint8_t* rg8, int c, uint32_t (&a)[4][4]) {
   using P = record::Parts<F>;
-  if constexpr (F == KvFormat::kNvfp4DsMlaFp8Rope) {
+  if constexpr (F == KvFormat::kNvfp4DsMlaInt8Rope) {
+    const uint4 x = lds128(rg + P::kRopeOffset + 16 * c), y = lds128(rg8 + P::kRopeOffset + 16 * c);
+    const uint32_t xw[4] = {x.x, x.y, x.z, x.w}, yw[4] = {y.x, y.y, y.z, y.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t ux = xw[j] ^ 0x80808080u, uy = yw[j] ^ 0x80808080u;
+      a[j][0] = ptx::biased_u8x2_to_f16x2<0x4140u>(ux);
+      a[j][1] = ptx::biased_u8x2_to_f16x2<0x4140u>(uy);
+      a[j][2] = ptx::biased_u8x2_to_f16x2<0x4342u>(ux);
+      a[j][3] = ptx::biased_u8x2_to_f16x2<0x4342u>(uy);
+    }
+  } else if constexpr (F == KvFormat::kNvfp4DsMlaFp8Rope) {
     const uint4 x = lds128(rg + P::kRopeOffset + 16 * c), y = lds128(rg8 + P::kRopeOffset + 16 * c);
     const uint32_t xw[4] = {x.x, x.y, x.z, x.w}, yw[4] = {y.x, y.y, y.z, y.w};
 #pragma unroll
@@ -857,51 +907,29 @@ __device__ __forceinline__ void wg_rope(const uint8_t* rg, const uint8_t* rg8, i
   }
 }
 
-// V^T A fragments of P V k-step kk, m-blocks 4 half .. 4 half + 3, for the thread's dims,
-// from its 4 tokens' records t0 = 2c, t1 = 2c+1, t8 = 2c+8, t9 = 2c+9 of the k-step.
-// m-block mb's rows:
-//   fp8:  row 16w + g + 8h -> dim 128 (mb / 2) + 4 (8w + g) + 2 (mb % 2) + h
-//   e2m1: row 16w + g + 8h -> dim 16 (8w + g) + 2 mb + h
+// fp8: V^T A fragments of P V k-step kk, m-blocks 4 half .. 4 half + 3, for the thread's
+// dims, from its 4 tokens' records t0 = 2c, t1 = 2c+1, t8 = 2c+8, t9 = 2c+9 of the k-step.
+// m-block mb's rows: row 16w + g + 8h -> dim 128 (mb / 2) + 4 (8w + g) + 2 (mb % 2) + h.
+// (The e2m1 formats read V^T from the V tile instead.)
 template <KvFormat F>
 __device__ __forceinline__ void wg_v_frags(const uint8_t* t0, const uint8_t* t1, const uint8_t* t8, const uint8_t* t9,
                                            int wg_g, int half, uint32_t (&a)[4][4]) {
+  static_assert(F == KvFormat::kFp8DsMla);
   using P = record::Parts<F>;
-  if constexpr (F == KvFormat::kFp8DsMla) {
 #pragma unroll
-    for (int qq = 0; qq < 2; ++qq) {
-      const int off = P::kLatentOffset + 128 * (2 * half + qq) + 4 * wg_g;
-      const uint32_t w0 = lds32(t0 + off), w1 = lds32(t1 + off), w8 = lds32(t8 + off), w9 = lds32(t9 + off);
-      const uint32_t x0 = ptx::prmt(w0, w1, 0x5140), x1 = ptx::prmt(w0, w1, 0x7362);
-      const uint32_t y0 = ptx::prmt(w8, w9, 0x5140), y1 = ptx::prmt(w8, w9, 0x7362);
-      a[2 * qq][0] = ptx::e4m3x2_to_f16x2(x0);
-      a[2 * qq][1] = ptx::e4m3x2_hi_to_f16x2(x0);
-      a[2 * qq][2] = ptx::e4m3x2_to_f16x2(y0);
-      a[2 * qq][3] = ptx::e4m3x2_hi_to_f16x2(y0);
-      a[2 * qq + 1][0] = ptx::e4m3x2_to_f16x2(x1);
-      a[2 * qq + 1][1] = ptx::e4m3x2_hi_to_f16x2(x1);
-      a[2 * qq + 1][2] = ptx::e4m3x2_to_f16x2(y1);
-      a[2 * qq + 1][3] = ptx::e4m3x2_hi_to_f16x2(y1);
-    }
-  } else {
-    // word `half` of the thread's 8 latent bytes: dims 16 (8w + g) + 8 half .. + 7
-    const int off = P::kLatentOffset + 8 * wg_g + 4 * half, soff = P::kScaleOffset + wg_g;
-    const uint32_t v0 = lds32(t0 + off), v1 = lds32(t1 + off), v8 = lds32(t8 + off), v9 = lds32(t9 + off);
-    const uint32_t f01 = ptx::hmul2(ptx::e4m3x2_to_f16x2(lds8(t0 + soff) | (lds8(t1 + soff) << 8)), kF16x2_128);
-    const uint32_t f89 = ptx::hmul2(ptx::e4m3x2_to_f16x2(lds8(t8 + soff) | (lds8(t9 + soff) << 8)), kF16x2_128);
-#pragma unroll
-    for (int hb = 0; hb < 2; ++hb) {  // bytes (0,1) or (2,3) of the word: m-blocks 2hb, 2hb+1 of the half
-      const uint32_t sel = hb ? 0x7632u : 0x5410u;
-      const uint32_t z = ptx::prmt(v0, v1, sel), zz = ptx::prmt(v8, v9, sel);
-      const int m0 = 2 * hb;
-      a[m0][0] = ptx::hmul2(e2m1_pair<0>(z), f01);
-      a[m0][1] = ptx::hmul2(e2m1_pair<1>(z), f01);
-      a[m0][2] = ptx::hmul2(e2m1_pair<0>(zz), f89);
-      a[m0][3] = ptx::hmul2(e2m1_pair<1>(zz), f89);
-      a[m0 + 1][0] = ptx::hmul2(e2m1_pair<2>(z), f01);
-      a[m0 + 1][1] = ptx::hmul2(e2m1_pair<3>(z), f01);
-      a[m0 + 1][2] = ptx::hmul2(e2m1_pair<2>(zz), f89);
-      a[m0 + 1][3] = ptx::hmul2(e2m1_pair<3>(zz), f89);
-    }
+  for (int qq = 0; qq < 2; ++qq) {
+    const int off = P::kLatentOffset + 128 * (2 * half + qq) + 4 * wg_g;
+    const uint32_t w0 = lds32(t0 + off), w1 = lds32(t1 + off), w8 = lds32(t8 + off), w9 = lds32(t9 + off);
+    const uint32_t x0 = ptx::prmt(w0, w1, 0x5140), x1 = ptx::prmt(w0, w1, 0x7362);
+    const uint32_t y0 = ptx::prmt(w8, w9, 0x5140), y1 = ptx::prmt(w8, w9, 0x7362);
+    a[2 * qq][0] = ptx::e4m3x2_to_f16x2(x0);
+    a[2 * qq][1] = ptx::e4m3x2_hi_to_f16x2(x0);
+    a[2 * qq][2] = ptx::e4m3x2_to_f16x2(y0);
+    a[2 * qq][3] = ptx::e4m3x2_hi_to_f16x2(y0);
+    a[2 * qq + 1][0] = ptx::e4m3x2_to_f16x2(x1);
+    a[2 * qq + 1][1] = ptx::e4m3x2_hi_to_f16x2(x1);
+    a[2 * qq + 1][2] = ptx::e4m3x2_to_f16x2(y1);
+    a[2 * qq + 1][3] = ptx::e4m3x2_hi_to_f16x2(y1);
   }
 }
 #endif  // MLAKV_SM90_DEVICE
@@ -913,11 +941,13 @@ __global__ void __launch_bounds__(kThreads, 2) attention_wg_kernel(const __grid_
   constexpr int kRec = Fmt<F>::kRecord;
   constexpr int kCopies = wg_pt_copies<F>();
   constexpr bool kFp8 = F == KvFormat::kFp8DsMla;
+  constexpr bool kVt = wg_vtile<F>();
   extern __shared__ __align__(128) uint8_t smem[];
   uint8_t* ring = smem;
   uint8_t* qt = smem + static_cast<std::size_t>(S) * kT * kRec;
   uint8_t* pt = qt + kQtBytes;
-  float* red = reinterpret_cast<float*>(pt + kCopies * kPtBytes);  // [4 warps][16 rows], then [4 warps][4 scales]
+  uint8_t* vt = pt + kCopies * kPtBytes;  // the V tile (kVt only)
+  float* red = reinterpret_cast<float*>(vt + (kVt ? kVtBytes : 0));  // [4 warps][16 rows], then [4 warps][4 scales]
   uint8_t* misc = reinterpret_cast<uint8_t*>(red) + kWgRedBytes;
   uint64_t* full = reinterpret_cast<uint64_t*>(misc);
   uint64_t* empty = full + kMaxStages;
@@ -1059,6 +1089,13 @@ __global__ void __launch_bounds__(kThreads, 2) attention_wg_kernel(const __grid_
   const uint32_t q_lo = ptx::desc_lo(mlakv::cuda::ptx::smem_addr(qt), 128), p_lo = ptx::desc_lo(pt_addr, 128);
   const uint32_t b_hi = ptx::desc_hi(256);
   const int wg_g = 8 * w + g;
+  // V tile (kVt): this thread's tokens 16w + g (+ 8) are token group 2w (+ 1), row g;
+  // chunk kc's 16 dims 64kc + 16c .. are dim groups 8kc + 2c, + 1. Descriptor words of
+  // its two views: M-major A of P V (dims = M: SBO = the group stride, LBO = 128 B per 8
+  // tokens) and K-major A of the scores (tokens = M: SBO = 128, LBO = the group stride).
+  uint8_t* vt_mine = vt + 2 * w * 128 + 16 * g + 2 * c * kVtGroupStride;
+  const uint32_t v_lo = ptx::desc_lo(mlakv::cuda::ptx::smem_addr(vt), 128), v_hi = ptx::desc_hi(kVtGroupStride);
+  const uint32_t k_lo = ptx::desc_lo(mlakv::cuda::ptx::smem_addr(vt), kVtGroupStride), k_hi = ptx::desc_hi(128);
 
   float o[8][8];  // O^T: m-block mb (64 dims), fragment as wgmma's d
 #pragma unroll
@@ -1104,36 +1141,80 @@ __global__ void __launch_bounds__(kThreads, 2) attention_wg_kernel(const __grid_
 #pragma unroll
       for (int i = 0; i < 8; ++i) sf[i] = fmaf(acc[q & 1][i], ts[q][(i >> 1) & 1], sf[i]);
     };
+    uint32_t smask = 0;            // kVt: the stage's validity mask, read before the release
+    float srs[2] = {1.0f, 1.0f};   // kVt, 8-bit rope: the rope scales of tokens g, g + 8
+    if constexpr (kVt) {
+      // e2m1: each element converted once, into the V tile (16-B stores, conflict-free);
+      // after one warpgroup barrier the scores read it as K-major A (the same bytes P V
+      // reads M-major): 32 latent wgmma with nothing to wait for in between, the rope
+      // (4 k-steps) from registers. The stages go back before the wgmmas.
 #pragma unroll
-    for (int kc = 0; kc < 8; ++kc) {
-      uint32_t a[4][4];
-      wg_k_chunk<F>(rg, rg8, kc, c, a);
+      for (int kc = 0; kc < 8; ++kc) {
+        uint32_t a[4][4];
+        wg_k_chunk<F>(rg, rg8, kc, c, a);
+        uint8_t* v0 = vt_mine + 8 * kc * kVtGroupStride;
+        ptx::sts128(v0, a[0][0], a[1][0], a[2][0], a[3][0]);
+        ptx::sts128(v0 + kVtGroupStride, a[0][2], a[1][2], a[2][2], a[3][2]);
+        ptx::sts128(v0 + 128, a[0][1], a[1][1], a[2][1], a[3][1]);
+        ptx::sts128(v0 + 128 + kVtGroupStride, a[0][3], a[1][3], a[2][3], a[3][3]);
+      }
+      uint32_t ar[4][4];
+      wg_rope<F>(rg, rg8, c, ar);
+      smask = vmask[(w >> 1) ? st1 : st0];
+      if constexpr (f16_rope(F)) {
+        srs[0] = ldsf(rg + P::kRopeScaleOffset);
+        srs[1] = ldsf(rg8 + P::kRopeScaleOffset);
+      }
+      __syncwarp();
+      if (lane == 0) {  // done with both stages
+        ptx::mbar_arrive(mlakv::cuda::ptx::smem_addr(&empty[st0]));
+        ptx::mbar_arrive(mlakv::cuda::ptx::smem_addr(&empty[st1]));
+      }
+      ptx::fence_proxy_async();
+      ptx::named_barrier(kConsumerBarrier, kConsumerThreads);
       ptx::wg_fence();
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int qa = kFp8 ? ((kc >> 1) & 1) : 0;
-        const int first = kFp8 ? ((kc & 1) == 0 && j == 0) : (kc == 0 && j == 0);
-        ptx::wgmma_f16(acc[qa], a[j], q_lo + 32 * (4 * kc + j), b_hi, first ? 0 : 1);
+      for (int ks = 0; ks < 32; ++ks) {
+        ptx::wgmma_f16_ss<0>(acc[0], k_lo + (2 * ks * kVtGroupStride) / 16, k_hi, q_lo + 32 * ks, b_hi, ks == 0 ? 0 : 1);
       }
-      // At most two chunks in flight: the A registers of chunk kc - 1 are free again.
-      ptx::wg_commit();
-      ptx::wg_wait<1>();
-      if constexpr (kFp8) {
-        if (kc >= 2 && (kc & 1) == 0) {  // chunks of quarter kc/2 - 1 are done
-          ptx::wg_hold(acc[((kc >> 1) - 1) & 1]);
-          fold((kc >> 1) - 1);
-        }
-      }
-    }
-    {
-      uint32_t a[4][4];
-      wg_rope<F>(rg, rg8, c, a);
-      ptx::wg_fence();
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const uint32_t d = q_lo + 32 * (32 + j);
-        if constexpr (f16_rope(F)) ptx::wgmma_f16(accr, a[j], d, b_hi, j == 0 ? 0 : 1);
-        else ptx::wgmma_bf16(accr, a[j], d, b_hi, j == 0 ? 0 : 1);
+        if constexpr (f16_rope(F)) ptx::wgmma_f16(accr, ar[j], d, b_hi, j == 0 ? 0 : 1);
+        else ptx::wgmma_bf16(accr, ar[j], d, b_hi, j == 0 ? 0 : 1);
+      }
+    } else {
+#pragma unroll
+      for (int kc = 0; kc < 8; ++kc) {
+        uint32_t a[4][4];
+        wg_k_chunk<F>(rg, rg8, kc, c, a);
+        ptx::wg_fence();
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int qa = kFp8 ? ((kc >> 1) & 1) : 0;
+          const int first = kFp8 ? ((kc & 1) == 0 && j == 0) : (kc == 0 && j == 0);
+          ptx::wgmma_f16(acc[qa], a[j], q_lo + 32 * (4 * kc + j), b_hi, first ? 0 : 1);
+        }
+        // At most two chunks in flight: the A registers of chunk kc - 1 are free again.
+        ptx::wg_commit();
+        ptx::wg_wait<1>();
+        if constexpr (kFp8) {
+          if (kc >= 2 && (kc & 1) == 0) {  // chunks of quarter kc/2 - 1 are done
+            ptx::wg_hold(acc[((kc >> 1) - 1) & 1]);
+            fold((kc >> 1) - 1);
+          }
+        }
+      }
+      {
+        uint32_t a[4][4];
+        wg_rope<F>(rg, rg8, c, a);
+        ptx::wg_fence();
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const uint32_t d = q_lo + 32 * (32 + j);
+          if constexpr (f16_rope(F)) ptx::wgmma_f16(accr, a[j], d, b_hi, j == 0 ? 0 : 1);
+          else ptx::wgmma_bf16(accr, a[j], d, b_hi, j == 0 ? 0 : 1);
+        }
       }
     }
     ptx::wg_commit();
@@ -1145,7 +1226,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_wg_kernel(const __grid_
 
     // ---- scores -> masked, scaled (log2 domain) ----
     float s[8];
-    const uint32_t mask = vmask[(w >> 1) ? st1 : st0];
+    const uint32_t mask = kVt ? smask : vmask[(w >> 1) ? st1 : st0];
     const int64_t tb = begin + static_cast<int64_t>(tile) * kWgTile + 16 * w + g;  // position of token g
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
@@ -1155,140 +1236,224 @@ __global__ void __launch_bounds__(kThreads, 2) attention_wg_kernel(const __grid_
         x = sf[i] + accr[i];
       } else if constexpr (F == KvFormat::kNvfp4DsMla) {
         x = acc[0][i] + accr[i];
+      } else if constexpr (kVt) {
+        x = fmaf(accr[i], srs[h], acc[0][i]);
       } else {
         x = fmaf(accr[i], ldsf((h ? rg8 : rg) + P::kRopeScaleOffset), acc[0][i]);
       }
       const bool ok = ((mask >> (tl + 8 * h)) & 1u) && tb + 8 * h < vis[j][e];
       s[i] = ok ? x * rsc[j][e] : -INFINITY;
     }
-    // ---- row maxima over the 64 tokens: shuffles over g, then across the warps ----
-    float mx[2][2];
+    if constexpr (kVt) {
+      // Lazy rescale (e2m1 formats): P against the running maxima m_run, identical in every
+      // warp, unless a score exceeds its row's by more than kLazyLog2 (P <= 2^8 in f16);
+      // the P^T barrier ORs that test, so the common tile has one barrier and no exchange.
+      bool need = false;
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
+      for (int i = 0; i < 8; ++i) need = need || s[i] > m_run[i >> 2][i & 1] + kLazyLog2;
+      float pv[8];
+      auto put_p = [&]() {
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        float v = fmaxf(s[4 * j + e], s[4 * j + 2 + e]);
-        v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 4));
-        v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 8));
-        v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 16));
-        mx[j][e] = v;
+        for (int i = 0; i < 8; ++i) {
+          const float m = m_run[i >> 2][i & 1];
+          pv[i] = m == -INFINITY ? 0.0f : exp2f(s[i] - m);
+        }
+        ptx::stmatrix_x4_trans(pt_addr + 512 * w + 16 * lane, ptx::pack_f16x2(pv[0], pv[1]),
+                               ptx::pack_f16x2(pv[2], pv[3]), ptx::pack_f16x2(pv[4], pv[5]),
+                               ptx::pack_f16x2(pv[6], pv[7]));
+        ptx::fence_proxy_async();
+      };
+      put_p();
+      if (ptx::named_barrier_or(kLazyBarrier, kConsumerThreads, need)) {  // the whole warpgroup
+        float alpha[2][2];
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float v = fmaxf(s[4 * j + e], s[4 * j + 2 + e]);
+            v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 4));
+            v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 8));
+            v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 16));
+            if (g == 0) red[w * kRows + 8 * j + 2 * c + e] = v;
+          }
+        }
+        ptx::named_barrier(kConsumerBarrier, kConsumerThreads);
+        bool change = false;
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int r = 8 * j + 2 * c + e;
+            const float mt = fmaxf(fmaxf(red[r], red[kRows + r]), fmaxf(red[2 * kRows + r], red[3 * kRows + r]));
+            const float m_new = fmaxf(m_run[j][e], mt);
+            alpha[j][e] = m_run[j][e] == -INFINITY ? 0.0f : exp2f(m_run[j][e] - m_new);
+            m_run[j][e] = m_new;
+            l_run[j][e] *= alpha[j][e];
+            change = change || alpha[j][e] != 1.0f;
+          }
+        }
+        if (__any_sync(0xFFFFFFFFu, change)) {
+#pragma unroll
+          for (int mb = 0; mb < 8; ++mb) {
+#pragma unroll
+            for (int i = 0; i < 8; ++i) o[mb][i] *= alpha[i >> 2][i & 1];
+          }
+        }
+        put_p();  // every warp has passed the OR barrier: nothing reads the old P^T
+        ptx::named_barrier(kConsumerBarrier, kConsumerThreads);
       }
-    }
-    float tsm[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    if constexpr (kFp8) {
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        float v = fmaxf(ts[q][0], ts[q][1]);
-        v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 4));
-        v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 8));
-        v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 16));
-        tsm[q] = v;
-      }
-    }
-    if (g == 0) {
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
 #pragma unroll
-        for (int e = 0; e < 2; ++e) red[w * kRows + 8 * j + 2 * c + e] = mx[j][e];
+        for (int e = 0; e < 2; ++e) l_run[j][e] += pv[4 * j + e] + pv[4 * j + 2 + e];
       }
-      if (kFp8 && c == 0) {
+    } else {
+      // ---- row maxima over the 64 tokens: shuffles over g, then across the warps ----
+      float mx[2][2];
 #pragma unroll
-        for (int q = 0; q < 4; ++q) red[kConsumerWarps * kRows + 4 * w + q] = tsm[q];
-      }
-    }
-    ptx::named_barrier(kConsumerBarrier, kConsumerThreads);
-    float alpha[2][2];
+      for (int j = 0; j < 2; ++j) {
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int r = 8 * j + 2 * c + e;
-        const float mt = fmaxf(fmaxf(red[r], red[kRows + r]), fmaxf(red[2 * kRows + r], red[3 * kRows + r]));
-        const float m_new = fmaxf(m_run[j][e], mt);
-        alpha[j][e] = m_run[j][e] == -INFINITY ? 0.0f : exp2f(m_run[j][e] - m_new);
-        m_run[j][e] = m_new;
-      }
-    }
-    float ratio[4] = {1.0f, 1.0f, 1.0f, 1.0f}, inv[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    if constexpr (kFp8) {
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const float* rs = red + kConsumerWarps * kRows + q;
-        const float sm = fmaxf(fmaxf(rs[0], rs[4]), fmaxf(rs[8], rs[12]));
-        if (sm > sig[q]) {
-          ratio[q] = sig[q] / sm;
-          sig[q] = sm;
-        }
-        inv[q] = sig[q] > 0.0f ? 1.0f / sig[q] : 0.0f;
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int j = i >> 2, e = i & 1;
-      const float pv = m_run[j][e] == -INFINITY ? 0.0f : exp2f(s[i] - m_run[j][e]);
-      s[i] = pv;
-    }
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) l_run[j][e] = l_run[j][e] * alpha[j][e] + s[4 * j + e] + s[4 * j + 2 + e];
-    }
-    // ---- O rescale (skipped when no factor changes) ----
-    bool change = alpha[0][0] != 1.0f || alpha[0][1] != 1.0f || alpha[1][0] != 1.0f || alpha[1][1] != 1.0f;
-    if constexpr (kFp8) change = change || ratio[0] != 1.0f || ratio[1] != 1.0f || ratio[2] != 1.0f || ratio[3] != 1.0f;
-    if (__any_sync(0xFFFFFFFFu, change)) {
-#pragma unroll
-      for (int mb = 0; mb < 8; ++mb) {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          const float f = alpha[i >> 2][i & 1] * (kFp8 ? ratio[mb >> 1] : 1.0f);
-          o[mb][i] *= f;
+        for (int e = 0; e < 2; ++e) {
+          float v = fmaxf(s[4 * j + e], s[4 * j + 2 + e]);
+          v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 4));
+          v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 8));
+          v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 16));
+          mx[j][e] = v;
         }
       }
-    }
-    // ---- P^T (f16) by stmatrix.trans: warp w's 16 tokens are P V k-step w ----
-#pragma unroll
-    for (int q = 0; q < kCopies; ++q) {
-      float f0 = 1.0f, f1 = 1.0f;
+      float tsm[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       if constexpr (kFp8) {
-        f0 = ts[q][0] * inv[q];
-        f1 = ts[q][1] * inv[q];
-      }
-      const uint32_t r0 = ptx::pack_f16x2(s[0] * f0, s[1] * f0), r1 = ptx::pack_f16x2(s[2] * f1, s[3] * f1);
-      const uint32_t r2 = ptx::pack_f16x2(s[4] * f0, s[5] * f0), r3 = ptx::pack_f16x2(s[6] * f1, s[7] * f1);
-      ptx::stmatrix_x4_trans(pt_addr + q * kPtBytes + 512 * w + 16 * lane, r0, r1, r2, r3);
-    }
-    ptx::fence_proxy_async();
-    ptx::named_barrier(kConsumerBarrier, kConsumerThreads);
-
-    // ---- O^T += V^T P^T: 8 groups of 4 m-blocks, at most two in flight ----
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      const uint8_t* base = ((kk >> 1) ? stage1 : stage0) + (16 * (kk & 1) + 2 * c) * kRec;
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        uint32_t a[4][4];
-        wg_v_frags<F>(base, base + kRec, base + 8 * kRec, base + 9 * kRec, wg_g, half, a);
-        ptx::wg_fence();
-#pragma unroll
-        for (int m = 0; m < 4; ++m) {
-          const int mb = 4 * half + m;
-          const int q = kFp8 ? (mb >> 1) : 0;
-          ptx::wgmma_f16(o[mb], a[m], p_lo + (q * kPtBytes + 512 * kk) / 16, b_hi, 1);
+        for (int q = 0; q < 4; ++q) {
+          float v = fmaxf(ts[q][0], ts[q][1]);
+          v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 4));
+          v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 8));
+          v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 16));
+          tsm[q] = v;
         }
-        ptx::wg_commit();
-        if (kk < 3 || half == 0) ptx::wg_wait<1>();
       }
-    }
-    // Both stages are no longer read by this warp's loads (the wgmmas read only P^T).
-    __syncwarp();
-    if (lane == 0) {
-      ptx::mbar_arrive(mlakv::cuda::ptx::smem_addr(&empty[st0]));
-      ptx::mbar_arrive(mlakv::cuda::ptx::smem_addr(&empty[st1]));
-    }
-    ptx::wg_wait<0>();
+      if (g == 0) {
 #pragma unroll
-    for (int mb = 0; mb < 8; ++mb) ptx::wg_hold(o[mb]);
+        for (int j = 0; j < 2; ++j) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) red[w * kRows + 8 * j + 2 * c + e] = mx[j][e];
+        }
+        if (kFp8 && c == 0) {
+#pragma unroll
+          for (int q = 0; q < 4; ++q) red[kConsumerWarps * kRows + 4 * w + q] = tsm[q];
+        }
+      }
+      ptx::named_barrier(kConsumerBarrier, kConsumerThreads);
+      float alpha[2][2];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int r = 8 * j + 2 * c + e;
+          const float mt = fmaxf(fmaxf(red[r], red[kRows + r]), fmaxf(red[2 * kRows + r], red[3 * kRows + r]));
+          const float m_new = fmaxf(m_run[j][e], mt);
+          alpha[j][e] = m_run[j][e] == -INFINITY ? 0.0f : exp2f(m_run[j][e] - m_new);
+          m_run[j][e] = m_new;
+        }
+      }
+      float ratio[4] = {1.0f, 1.0f, 1.0f, 1.0f}, inv[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      if constexpr (kFp8) {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const float* rs = red + kConsumerWarps * kRows + q;
+          const float sm = fmaxf(fmaxf(rs[0], rs[4]), fmaxf(rs[8], rs[12]));
+          if (sm > sig[q]) {
+            ratio[q] = sig[q] / sm;
+            sig[q] = sm;
+          }
+          inv[q] = sig[q] > 0.0f ? 1.0f / sig[q] : 0.0f;
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int j = i >> 2, e = i & 1;
+        const float pv = m_run[j][e] == -INFINITY ? 0.0f : exp2f(s[i] - m_run[j][e]);
+        s[i] = pv;
+      }
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) l_run[j][e] = l_run[j][e] * alpha[j][e] + s[4 * j + e] + s[4 * j + 2 + e];
+      }
+      // ---- O rescale (skipped when no factor changes) ----
+      bool change = alpha[0][0] != 1.0f || alpha[0][1] != 1.0f || alpha[1][0] != 1.0f || alpha[1][1] != 1.0f;
+      if constexpr (kFp8) change = change || ratio[0] != 1.0f || ratio[1] != 1.0f || ratio[2] != 1.0f || ratio[3] != 1.0f;
+      if (__any_sync(0xFFFFFFFFu, change)) {
+#pragma unroll
+        for (int mb = 0; mb < 8; ++mb) {
+#pragma unroll
+          for (int i = 0; i < 8; ++i) {
+            const float f = alpha[i >> 2][i & 1] * (kFp8 ? ratio[mb >> 1] : 1.0f);
+            o[mb][i] *= f;
+          }
+        }
+      }
+      // ---- P^T (f16) by stmatrix.trans: warp w's 16 tokens are P V k-step w ----
+#pragma unroll
+      for (int q = 0; q < kCopies; ++q) {
+        float f0 = 1.0f, f1 = 1.0f;
+        if constexpr (kFp8) {
+          f0 = ts[q][0] * inv[q];
+          f1 = ts[q][1] * inv[q];
+        }
+        const uint32_t r0 = ptx::pack_f16x2(s[0] * f0, s[1] * f0), r1 = ptx::pack_f16x2(s[2] * f1, s[3] * f1);
+        const uint32_t r2 = ptx::pack_f16x2(s[4] * f0, s[5] * f0), r3 = ptx::pack_f16x2(s[6] * f1, s[7] * f1);
+        ptx::stmatrix_x4_trans(pt_addr + q * kPtBytes + 512 * w + 16 * lane, r0, r1, r2, r3);
+      }
+      ptx::fence_proxy_async();
+      ptx::named_barrier(kConsumerBarrier, kConsumerThreads);
+    }
+
+    // ---- O^T += V^T P^T ----
+    if constexpr (kVt) {
+      // 32 wgmma with both operands in shared memory: nothing to convert, all in flight.
+      ptx::wg_fence();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+#pragma unroll
+        for (int mb = 0; mb < 8; ++mb) {
+          ptx::wgmma_f16_ss<1>(o[mb], v_lo + (8 * mb * kVtGroupStride + 256 * kk) / 16, v_hi, p_lo + 32 * kk, b_hi, 1);
+        }
+      }
+      ptx::wg_commit();
+      ptx::wg_wait<0>();
+#pragma unroll
+      for (int mb = 0; mb < 8; ++mb) ptx::wg_hold(o[mb]);
+    } else {
+      // (8 groups of 4 m-blocks, at most two in flight)
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        const uint8_t* base = ((kk >> 1) ? stage1 : stage0) + (16 * (kk & 1) + 2 * c) * kRec;
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          uint32_t a[4][4];
+          wg_v_frags<F>(base, base + kRec, base + 8 * kRec, base + 9 * kRec, wg_g, half, a);
+          ptx::wg_fence();
+#pragma unroll
+          for (int m = 0; m < 4; ++m) {
+            const int mb = 4 * half + m;
+            const int q = kFp8 ? (mb >> 1) : 0;
+            ptx::wgmma_f16(o[mb], a[m], p_lo + (q * kPtBytes + 512 * kk) / 16, b_hi, 1);
+          }
+          ptx::wg_commit();
+          if (kk < 3 || half == 0) ptx::wg_wait<1>();
+        }
+      }
+      // Both stages are no longer read by this warp's loads (the wgmmas read only P^T).
+      __syncwarp();
+      if (lane == 0) {
+        ptx::mbar_arrive(mlakv::cuda::ptx::smem_addr(&empty[st0]));
+        ptx::mbar_arrive(mlakv::cuda::ptx::smem_addr(&empty[st1]));
+      }
+      ptx::wg_wait<0>();
+#pragma unroll
+      for (int mb = 0; mb < 8; ++mb) ptx::wg_hold(o[mb]);
+    }
   }
 
   // ---- finalize: l over the 64 token lanes of each row, then out / lse ----
@@ -1333,8 +1498,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_wg_kernel(const __grid_
         dst = p.part_o + (static_cast<int64_t>(split) * p.rows_total + grow) * kLatentDim;
         if (w == 0 && g == 0) p.part_lse[static_cast<int64_t>(split) * p.rows_total + grow] = lse;
       }
-      // o[mb][4j + 2h + e]: dims as in wg_v_frags (contiguous runs of 4 / 16 floats).
-      if constexpr (kFp8) {
+      if constexpr (kFp8) {  // o[mb][4j + 2h + e]: dims as in wg_v_frags (runs of 4 floats)
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
           const float sc = inv_l * sig[q];
@@ -1342,13 +1506,14 @@ __global__ void __launch_bounds__(kThreads, 2) attention_wg_kernel(const __grid_
               make_float4(o[2 * q][4 * j + e] * sc, o[2 * q][4 * j + 2 + e] * sc, o[2 * q + 1][4 * j + e] * sc,
                           o[2 * q + 1][4 * j + 2 + e] * sc);
         }
-      } else {
+      } else if constexpr (kVt) {
+        // o[mb][4j + 2h + e]: O^T row 16w + g + 8h of m-block mb = V tile group 8mb + 2w + h, half g.
         const float sc = inv_l * post_nv;
+        float* d0 = dst + 16 * w + vt_dim(g);
 #pragma unroll
-        for (int mq = 0; mq < 4; ++mq) {
-          *reinterpret_cast<float4*>(dst + 16 * wg_g + 4 * mq) =
-              make_float4(o[2 * mq][4 * j + e] * sc, o[2 * mq][4 * j + 2 + e] * sc, o[2 * mq + 1][4 * j + e] * sc,
-                          o[2 * mq + 1][4 * j + 2 + e] * sc);
+        for (int mb = 0; mb < 8; ++mb) {
+          d0[64 * mb] = o[mb][4 * j + e] * sc;
+          d0[64 * mb + 8] = o[mb][4 * j + 2 + e] * sc;
         }
       }
     }

@@ -26,7 +26,7 @@ int split_granule_of(KvFormat format);  // the same, callable through a function
 // True when this binary's sm90 kernels carry sm_90a code and `device` is a compute
 // capability 9.0 GPU that runs them (cached per device; attention.cc).
 bool available(int device);
-// True for the record geometries and alignments the kernel handles: the four formats
+// True for the record geometries and alignments the kernel handles: the five formats
 // at L = 512, R = 64 (record_bytes = the format's), cache base 16-byte aligned (bulk
 // copies move whole records).
 bool supports(KvFormat format, int record_bytes, const void* cache);

@@ -58,6 +58,17 @@ __device__ __forceinline__ void named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// Barrier `id` over `threads` threads that also ORs `v` over them: every thread gets the OR.
+__device__ __forceinline__ bool named_barrier_or(int id, int threads, bool v) {
+  uint32_t r;
+  asm volatile(
+      "{\n.reg .pred p, q;\nsetp.ne.u32 p, %1, 0;\nbar.red.or.pred q, %2, %3, p;\nselp.u32 %0, 1, 0, q;\n}\n"
+      : "=r"(r)
+      : "r"(static_cast<uint32_t>(v)), "r"(id), "r"(threads)
+      : "memory");
+  return r != 0;
+}
+
 // The two e4m3 bytes in the low (or high) half of x -> f16x2 (low byte -> low half),
 // exact (hardware on sm_89+); the half is picked by register selection, not a shift.
 __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t x) {
@@ -74,6 +85,19 @@ __device__ __forceinline__ uint32_t e4m3x2_hi_to_f16x2(uint32_t x) {
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   uint32_t r;
   asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+  return r;
+}
+
+// Two int8 codes of a word -> f16x2 (exact: |code| <= 128), given the word with every
+// byte's sign bit flipped (u = x ^ 0x80808080, the codes biased to 0..255): the bytes
+// `sel` picks go under the f16 exponent byte 0x64 (1024 + u), then 1024 + 128 comes off.
+// sel 0x4140: bytes 0, 1 (low, high half); 0x4342: bytes 2, 3.
+template <uint32_t kSel>
+__device__ __forceinline__ uint32_t biased_u8x2_to_f16x2(uint32_t u) {
+  uint32_t r;
+  asm("{\n.reg .b32 t;\nprmt.b32 t, %1, %2, %3;\nsub.rn.f16x2 %0, t, %4;\n}\n"
+      : "=r"(r)
+      : "r"(u), "r"(0x64646464u), "n"(kSel), "r"(0x64806480u));
   return r;
 }
 
@@ -144,6 +168,21 @@ __device__ __forceinline__ void wgmma_bf16(float (&d)[8], const uint32_t (&a)[4]
       "desc, p, 1, 1, 0;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(dlo), "r"(dhi), "r"(acc));
+}
+// d = A (64 x 16 at descriptor a) * B (16 x 16 at descriptor b, K-major) + (acc ? d : 0);
+// kTransA 0: A K-major (as B); 1: A M-major, no swizzle: element (m, k) at (m % 8) * 2 +
+// (m / 8) * sbo + (k % 8) * 16 + (k / 8) * lbo bytes (core matrices of 8 k-rows x 16 B of m).
+template <int kTransA>
+__device__ __forceinline__ void wgmma_f16_ss(float (&d)[8], uint32_t alo, uint32_t ahi, uint32_t blo, uint32_t bhi,
+                                             int acc) {
+  asm volatile(
+      "{\n.reg .pred p;\n.reg .b64 da, db;\nsetp.ne.b32 p, %12, 0;\nmov.b64 da, {%8, %9};\nmov.b64 db, {%10, %11};\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7}, da, db, p, 1, 1, %13, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "r"(alo), "r"(ahi), "r"(blo), "r"(bhi), "r"(acc), "n"(kTransA));
+}
+__device__ __forceinline__ void sts128(uint8_t* p, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+  *reinterpret_cast<uint4*>(p) = make_uint4(a, b, c, d);
 }
 // Four 8x8 b16 matrices stored transposed: lane l gives the address of memory row
 // (l % 8) of matrix (l / 8); register j holds matrix j's fragment (row l / 4, columns
