@@ -6,8 +6,9 @@
 // Timing: CUDA events around one decode step (split + combine kernels together), the
 // L2 flushed (a 512 MiB memset) before every repetition, warm-up first, median of
 // --reps. Bytes = q + cache records read + out; FLOPs = 2 H s_q tokens (576 + 512).
-// On an sm_90 device every attention shape runs on both kernels (MLAKV_CUDA_ATTENTION
-// = sm80, the portable mma.sync kernel, then sm90, the warp-specialized Hopper kernel)
+// On an sm_90 device every attention shape runs on every kernel (MLAKV_CUDA_ATTENTION
+// = sm80, the portable mma.sync kernel, sm90, the 16-row warp-specialized Hopper kernel,
+// then sm90_rows, the many-row one, where the shape has >= 64 rows per request)
 // over the same cache contents, each with its own suggested split count.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -301,7 +302,7 @@ int main(int argc, char** argv) {
     else if (a == "--no-ceilings") skip_ceilings = true;
     else if (a == "--kernel" && i + 1 < argc) only_kernel = argv[++i];
     else {
-      std::fprintf(stderr, "error: unknown argument '%s' (usage: bench_cuda [--reps N] [--json PATH] [--format F] [--shape I[,J...]] [--kernel sm80|sm90] [--no-ceilings])\n", a.c_str());
+      std::fprintf(stderr, "error: unknown argument '%s' (usage: bench_cuda [--reps N] [--json PATH] [--format F] [--shape I[,J...]] [--kernel sm80|sm90|sm90_rows] [--no-ceilings])\n", a.c_str());
       return 2;
     }
   }
@@ -336,7 +337,10 @@ int main(int argc, char** argv) {
   j["gemm_bf16_tflops"] = mm;
   // Both attention kernels where the device runs the sm90 one (--kernel picks one).
   std::vector<std::string> kernels = {"sm80"};
-  if (props->major == 9) kernels.push_back("sm90");
+  if (props->major == 9) {
+    kernels.push_back("sm90");       // the 16-row Hopper kernel (forced)
+    kernels.push_back("sm90_rows");  // the many-row one (64 rows per CTA; shapes of >= 64 rows per request)
+  }
   if (!only_kernel.empty()) kernels = {only_kernel};
   std::printf("%-8s %-22s %-7s %3s %4s %4s %6s %5s %6s %9s %11s %7s %8s %7s %7s\n", "kernel", "format", "kind", "B", "H",
               "s_q", "ctx", "topk", "splits", "ms", "tokens/s", "TB/s", "TFLOP/s", "%copy", "%gemm");

@@ -35,10 +35,11 @@ struct AttentionKernels {
   int (*launch)(KvFormat format, const kernels::AttentionParams& p, int row_blocks, void* stream);
 };
 
-// The path that serves p on p.cache.device: kSm90 where it serves p, else kSm80 (every
-// supported GPU runs it). MLAKV_CUDA_ATTENTION=sm80 forces kSm80; =sm90 requires kSm90
-// and makes this an InvalidArgument where it does not serve p; any other non-empty
-// value but "auto" is an InvalidArgument too.
+// The path that serves p on p.cache.device: kSm90Rows where it serves p (requests of
+// >= 64 rows), else kSm90 where it serves p, else kSm80 (every supported GPU runs it).
+// MLAKV_CUDA_ATTENTION=sm80 forces kSm80; =sm90 requires the 16-row kSm90 and
+// =sm90_rows requires kSm90Rows, each an InvalidArgument where it does not serve p;
+// any other non-empty value but "auto" is an InvalidArgument too.
 StatusOr<AttentionPath> select_attention_path(const MlaAttentionParams& p);
 
 const AttentionKernels& attention_kernels(AttentionPath path);
