@@ -42,6 +42,9 @@ constexpr int kRowsConsumerWarps = 4 * kRowWgs;        // 8
 // and 9 warps would cap every thread at 168 registers (3 warps on one SM sub-partition).
 constexpr int kRowsThreads = 32 * kRowsConsumerWarps + 128;
 constexpr int kRowsConsumerRegs = 232, kRowsProducerRegs = 40;  // 2 x 232 + 40 <= 512 per sub-partition
+// Ping-pong: the two warpgroups take turns at the tensor cores (named barriers 3 and 4),
+// S(0) S(1) PV(0) PV(1) ..., so that one warpgroup's softmax runs under the other's MMAs.
+constexpr bool kRowsPingPong = true;
 constexpr int kRowsSmem = 227 * 1024;                  // one CTA per SM (the opt-in maximum)
 constexpr int kRQtStep = 1024;                         // one k-step of B: 32 rows x 16 k, 16-bit
 constexpr int kRQtBytes = kWgKSteps * kRQtStep;        // Q^T of one warpgroup
@@ -158,6 +161,7 @@ __global__ void __launch_bounds__(kRowsThreads, 1) attention_rows_kernel(const _
   // ================= consumers: two warpgroups of 32 rows =================
   const int wg = warp >> 2, w = warp & 3, wtid = tid & 127, g = lane >> 2, c = lane & 3;
   const int bar = 1 + wg;  // the warpgroup's named barrier
+  const int turn_mine = 3 + wg, turn_other = 4 - wg;  // ping-pong turns (kRowsPingPong)
   const int wrow0 = kRW * wg;  // the warpgroup's first row in the CTA
   uint8_t* qt = qt_all + wg * kRQtBytes;
   uint8_t* pt = pt_all + wg * kCopies * kRPtBytes;
@@ -235,6 +239,9 @@ __global__ void __launch_bounds__(kRowsThreads, 1) attention_rows_kernel(const _
   float sig[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // fp8: O rows of tile scale q are in units of sig[q]
   using P = record::Parts<F>;
 
+  // Warpgroup 0 takes the first turn: warpgroup 1 arrives for it once (and skips its
+  // very last arrival), so every arrival meets a wait.
+  if (kRowsPingPong && wg == 1 && n_tiles > 0) ptx::named_arrive(3, 256);
   for (int tile = 0; tile < n_tiles; ++tile) {
     const int pt0 = 2 * tile, pt1 = 2 * tile + 1;
     const int st0 = pt0 % S, st1 = pt1 % S;
@@ -242,6 +249,7 @@ __global__ void __launch_bounds__(kRowsThreads, 1) attention_rows_kernel(const _
     ptx::mbar_wait(mlakv::cuda::ptx::smem_addr(&full[st1]), (pt1 / S) & 1);
     const uint8_t* stage0 = ring + st0 * kT * kS;
     const uint8_t* stage1 = ring + st1 * kT * kS;
+    if constexpr (kRowsPingPong) ptx::named_barrier(turn_mine, 256);
     // ---- scores of this warp's 16 tokens x the warpgroup's 32 rows ----
     const uint8_t* mystage = (w >> 1) ? stage1 : stage0;
     const int tl = 16 * (w & 1) + g;  // token of row g inside its stage
@@ -351,6 +359,7 @@ __global__ void __launch_bounds__(kRowsThreads, 1) attention_rows_kernel(const _
       }
     }
 
+    if constexpr (kRowsPingPong) ptx::named_arrive(turn_other, 256);
     // ---- scores -> masked, scaled (log2 domain); s[4j + 2h + e]: token g + 8h, row 8j + 2c + e ----
     const uint32_t mask = vmask[(w >> 1) ? st1 : st0];
     const int64_t tb = begin + static_cast<int64_t>(tile) * kWgTile + 16 * w + g;  // position of token g
@@ -466,6 +475,7 @@ __global__ void __launch_bounds__(kRowsThreads, 1) attention_rows_kernel(const _
     ptx::fence_proxy_async();
     ptx::named_barrier(bar, 128);
 
+    if constexpr (kRowsPingPong) ptx::named_barrier(turn_mine, 256);
     // ---- O^T += V^T P^T: 8 groups of 4 m-blocks, at most two in flight ----
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
@@ -504,6 +514,7 @@ __global__ void __launch_bounds__(kRowsThreads, 1) attention_rows_kernel(const _
       ptx::mbar_arrive(mlakv::cuda::ptx::smem_addr(&empty[st0]));
       ptx::mbar_arrive(mlakv::cuda::ptx::smem_addr(&empty[st1]));
     }
+    if (kRowsPingPong && !(wg == 1 && tile == n_tiles - 1)) ptx::named_arrive(turn_other, 256);
     ptx::wg_wait<0>();
 #pragma unroll
     for (int mb = 0; mb < 8; ++mb) ptx::wg_hold16(o[mb]);

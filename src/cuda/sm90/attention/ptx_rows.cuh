@@ -41,6 +41,12 @@ __device__ __forceinline__ void setmaxnreg_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
+// Arrives at named barrier `id` over `threads` threads without waiting (the other side
+// waits with named_barrier, ptx.cuh).
+__device__ __forceinline__ void named_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // Keeps the compiler from moving accesses of a 64 x 32 accumulator across the async MMAs.
 __device__ __forceinline__ void wg_hold16(float (&d)[16]) {
 #pragma unroll
