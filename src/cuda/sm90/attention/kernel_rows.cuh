@@ -45,6 +45,9 @@ constexpr int kRowsConsumerRegs = 232, kRowsProducerRegs = 40;  // 2 x 232 + 40 
 // Ping-pong: the two warpgroups take turns at the tensor cores (named barriers 3 and 4),
 // S(0) S(1) PV(0) PV(1) ..., so that one warpgroup's softmax runs under the other's MMAs.
 constexpr bool kRowsPingPong = true;
+// wgmma commit groups (4 instructions each) kept in flight while the next group's A
+// operands are loaded (the registers of that many groups stay live).
+constexpr int kRowsGroupsInFlight = 2;
 constexpr int kRowsSmem = 227 * 1024;                  // one CTA per SM (the opt-in maximum)
 constexpr int kRQtStep = 1024;                         // one k-step of B: 32 rows x 16 k, 16-bit
 constexpr int kRQtBytes = kWgKSteps * kRQtStep;        // Q^T of one warpgroup
@@ -274,7 +277,7 @@ __global__ void __launch_bounds__(kRowsThreads, 1) attention_rows_kernel(const _
 #pragma unroll
         for (int j = 0; j < 4; ++j) ptx::wgmma_n32_bf16(acc, a[j], q_lo + 64 * (4 * ch + j), b_hi, (ch == 0 && j == 0) ? 0 : 1);
         ptx::wg_commit();
-        ptx::wg_wait<1>();
+        ptx::wg_wait<kRowsGroupsInFlight - 1>();
       }
       ptx::wg_wait<0>();
       ptx::wg_hold16(acc);
@@ -327,7 +330,7 @@ __global__ void __launch_bounds__(kRowsThreads, 1) attention_rows_kernel(const _
 #pragma unroll
         for (int j = 0; j < 4; ++j) ptx::wgmma_n32_f16(acc, a[j], q_lo + 64 * (4 * kc + j), b_hi, (kc == 0 && j == 0) ? 0 : 1);
         ptx::wg_commit();
-        ptx::wg_wait<1>();
+        ptx::wg_wait<kRowsGroupsInFlight - 1>();
       }
       if constexpr (f16_rope(F)) {
         // e4m3 rope: its own accumulator, scaled per token by the record's rope scale.
@@ -505,7 +508,7 @@ __global__ void __launch_bounds__(kRowsThreads, 1) attention_rows_kernel(const _
           else ptx::wgmma_n32_f16(o[mb], a[m], d, b_hi, 1);
         }
         ptx::wg_commit();
-        if (kk < 3 || half == 0) ptx::wg_wait<1>();
+        if (kk < 3 || half == 0) ptx::wg_wait<kRowsGroupsInFlight - 1>();
       }
     }
     // Both stages are no longer read by this warp's loads (the wgmmas read only P^T).
