@@ -44,7 +44,9 @@ constexpr int kRowsThreads = 32 * kRowsConsumerWarps + 128;
 constexpr int kRowsConsumerRegs = 232, kRowsProducerRegs = 40;  // 2 x 232 + 40 <= 512 per sub-partition
 // Ping-pong: the two warpgroups take turns at the tensor cores (named barriers 3 and 4),
 // S(0) S(1) PV(0) PV(1) ..., so that one warpgroup's softmax runs under the other's MMAs.
-constexpr bool kRowsPingPong = true;
+// Off: measured 9% slower than the two warpgroups in lockstep (docs/perf.md, "rows"),
+// whose MMA phases overlap each other's wgmma latency.
+constexpr bool kRowsPingPong = false;
 // wgmma commit groups (4 instructions each) kept in flight while the next group's A
 // operands are loaded (the registers of that many groups stay live).
 constexpr int kRowsGroupsInFlight = 2;
