@@ -1,4 +1,4 @@
-// PTX wrappers of the many-row sm90 kernel (kernel_rows.cuh): wgmma m64n32k16 (f16 and
+// PTX wrappers of the many-row sm90 kernel (kernel_rows.cuh): wgmma m64n64k16 (f16 and
 // bf16 inputs, A from registers, B from shared memory through a descriptor; fp32
 // accumulators). Companion of ptx.cuh (descriptor words, fences, commit/wait there).
 // Only compiled into the sm_90 device pass.
@@ -12,25 +12,9 @@ namespace mlakv::cuda::sm90::ptx {
 
 #if MLAKV_SM90_DEVICE
 
-// d (64 x 32 f32) = a (64 x 16, registers: warp w holds rows 16w..16w+15 as an mma.sync
-// A fragment) * B (16 x 32 at the descriptor) + (acc ? d : 0). Fragment of d:
-// d[4j + 2h + e] = (row 16w + g + 8h, column 8j + 2c + e), j = 0..3.
-#define MLAKV_WGMMA_N32(NAME, TYPE)                                                                                  \
-  __device__ __forceinline__ void NAME(float (&d)[16], const uint32_t (&a)[4], uint32_t dlo, uint32_t dhi, int acc) { \
-    asm volatile(                                                                                                    \
-        "{\n.reg .pred p;\n.reg .b64 desc;\nsetp.ne.b32 p, %22, 0;\nmov.b64 desc, {%20, %21};\n"                     \
-        "wgmma.mma_async.sync.aligned.m64n32k16.f32." TYPE "." TYPE                                                  \
-        " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, desc, p, 1, " \
-        "1, 0;\n}\n"                                                                                                 \
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),            \
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])       \
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(dlo), "r"(dhi), "r"(acc));                                \
-  }
-MLAKV_WGMMA_N32(wgmma_n32_f16, "f16")
-MLAKV_WGMMA_N32(wgmma_n32_bf16, "bf16")
-#undef MLAKV_WGMMA_N32
-
-// The same at N = 64: d[4j + 2h + e] = (row 16w + g + 8h, column 8j + 2c + e), j = 0..7.
+// d (64 x 64 f32) = a (64 x 16, registers: warp w holds rows 16w..16w+15 as an mma.sync
+// A fragment) * B (16 x 64 at the descriptor) + (acc ? d : 0). Fragment of d:
+// d[4j + 2h + e] = (row 16w + g + 8h, column 8j + 2c + e), j = 0..7.
 #define MLAKV_WGMMA_N64(NAME, TYPE)                                                                                  \
   __device__ __forceinline__ void NAME(float (&d)[32], const uint32_t (&a)[4], uint32_t dlo, uint32_t dhi, int acc) { \
     asm volatile(                                                                                                    \
@@ -48,11 +32,6 @@ MLAKV_WGMMA_N64(wgmma_n64_f16, "f16")
 MLAKV_WGMMA_N64(wgmma_n64_bf16, "bf16")
 #undef MLAKV_WGMMA_N64
 
-__device__ __forceinline__ void wg_hold32(float (&d)[32]) {
-#pragma unroll
-  for (int i = 0; i < 32; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-
 // Register budget of the executing warpgroup (every warp of it runs the same one): the
 // producer warpgroup gives registers back, the consumer warpgroups take them.
 template <int N>
@@ -64,16 +43,10 @@ __device__ __forceinline__ void setmaxnreg_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
-// Arrives at named barrier `id` over `threads` threads without waiting (the other side
-// waits with named_barrier, ptx.cuh).
-__device__ __forceinline__ void named_arrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-
-// Keeps the compiler from moving accesses of a 64 x 32 accumulator across the async MMAs.
-__device__ __forceinline__ void wg_hold16(float (&d)[16]) {
+// Keeps the compiler from moving accesses of a 64 x 64 accumulator across the async MMAs.
+__device__ __forceinline__ void wg_hold32(float (&d)[32]) {
 #pragma unroll
-  for (int i = 0; i < 16; ++i) asm volatile("" : "+f"(d[i])::"memory");
+  for (int i = 0; i < 32; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
 #endif  // MLAKV_SM90_DEVICE
