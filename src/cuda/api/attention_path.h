@@ -24,7 +24,7 @@
 namespace mlakv::cuda {
 
 struct AttentionKernels {
-  const char* name;  // "sm80", "sm90" (= attention_path_name, = the MLAKV_CUDA_ATTENTION value)
+  const char* name;  // "sm80", "sm90", "sm90_rows" (= attention_path_name, = the MLAKV_CUDA_ATTENTION value)
   int rows_per_cta;  // query rows one CTA covers (the plan's row_blocks unit)
   // True when this path can run p on p.cache.device (binary built for it, device,
   // format, record geometry and alignment).
