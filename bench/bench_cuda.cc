@@ -187,7 +187,7 @@ std::vector<Result> run_shape(KvFormat f, const Shape& sh, int reps, double copy
     p.num_splits = cuda::suggest_num_splits(p, sms);
     auto plan = cuda::plan_mla_attention(p);
     if (!plan.ok() && kernel != "sm80") {  // a format or mode this kernel does not serve (the path says why)
-      std::printf("%-8s %-22s skipped: %s\n", kernel.c_str(), std::string(format_name(f)).c_str(),
+      std::printf("%-9s %-22s skipped: %s\n", kernel.c_str(), std::string(format_name(f)).c_str(),
                   plan.status().message().substr(0, 80).c_str());
       continue;
     }
@@ -342,7 +342,7 @@ int main(int argc, char** argv) {
     kernels.push_back("sm90_rows");  // the many-row one (64 rows per CTA; shapes of >= 64 rows per request)
   }
   if (!only_kernel.empty()) kernels = {only_kernel};
-  std::printf("%-8s %-22s %-7s %3s %4s %4s %6s %5s %6s %9s %11s %7s %8s %7s %7s\n", "kernel", "format", "kind", "B", "H",
+  std::printf("%-9s %-22s %-7s %3s %4s %4s %6s %5s %6s %9s %11s %7s %8s %7s %7s\n", "kernel", "format", "kind", "B", "H",
               "s_q", "ctx", "topk", "splits", "ms", "tokens/s", "TB/s", "TFLOP/s", "%copy", "%gemm");
   std::vector<Result> all;
   for (const FormatInfo& fi : all_formats()) {
@@ -354,7 +354,7 @@ int main(int argc, char** argv) {
       }
       const Shape& sh = shapes[si];
       for (const Result& r : run_shape(fi.format, sh, reps, copy, mm, gen, props->multiprocessors, kernels)) {
-        std::printf("%-8s %-22s %-7s %3d %4d %4d %6d %5d %6d %9.4f %11.4g %7.3f %8.1f %6.1f%% %6.1f%%\n",
+        std::printf("%-9s %-22s %-7s %3d %4d %4d %6d %5d %6d %9.4f %11.4g %7.3f %8.1f %6.1f%% %6.1f%%\n",
                     r.kernel.c_str(), r.format.c_str(), r.kind.c_str(), r.B, r.H, r.s_q, r.ctx, r.topk, r.splits, r.ms,
                     r.tokens_per_s, r.tbps, r.tflops, 100 * r.frac_bw, 100 * r.frac_mm);
         std::fflush(stdout);
