@@ -6,11 +6,12 @@
 // Timing: CUDA events around one decode step (split + combine kernels together), the
 // L2 flushed (a 512 MiB memset) before every repetition, warm-up first, median of
 // --reps. Bytes = q + cache records read + out; FLOPs = 2 H s_q tokens (576 + 512).
-// On an sm_90 device every attention shape runs on both kernels (MLAKV_CUDA_ATTENTION
-// = sm80, the portable mma.sync kernel, then sm90, the warp-specialized Hopper kernel)
-// over the same cache contents, each with its own suggested split count (and, with
-// --splits N[,M...], at those split counts too). The last column, xfloor, is the step
-// time over the DRAM floor (bytes / the measured copy bandwidth).
+// On an sm_90 device every attention shape runs on every kernel (MLAKV_CUDA_ATTENTION
+// = sm80, the portable mma.sync kernel, sm90, the 16-row warp-specialized Hopper kernel,
+// then sm90_rows, the many-row one, where the shape has >= 64 rows per request) over the
+// same cache contents, each with its own suggested split count (and, with --splits
+// N[,M...], at those split counts too). The last column, xfloor, is the step time over
+// the DRAM floor (bytes / the measured copy bandwidth).
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <curand.h>
@@ -197,7 +198,7 @@ std::vector<Result> run_shape(KvFormat f, const Shape& sh, int reps, double copy
       p.num_splits = splits;
       auto plan = cuda::plan_mla_attention(p);
       if (!plan.ok() && kernel != "sm80") {  // a format or mode this kernel does not serve (the path says why)
-        std::printf("%-8s %-22s skipped: %s\n", kernel.c_str(), std::string(format_name(f)).c_str(),
+        std::printf("%-9s %-22s skipped: %s\n", kernel.c_str(), std::string(format_name(f)).c_str(),
                     plan.status().message().substr(0, 80).c_str());
         break;
       }
@@ -327,7 +328,7 @@ int main(int argc, char** argv) {
     else if (a == "--no-ceilings") skip_ceilings = true;
     else if (a == "--kernel" && i + 1 < argc) only_kernel = argv[++i];
     else {
-      std::fprintf(stderr, "error: unknown argument '%s' (usage: bench_cuda [--reps N] [--json PATH] [--format F] [--shape I[,J...]] [--splits N[,M...]] [--kernel sm80|sm90] [--no-ceilings])\n", a.c_str());
+      std::fprintf(stderr, "error: unknown argument '%s' (usage: bench_cuda [--reps N] [--json PATH] [--format F] [--shape I[,J...]] [--splits N[,M...]] [--kernel sm80|sm90|sm90_rows] [--no-ceilings])\n", a.c_str());
       return 2;
     }
   }
@@ -362,9 +363,12 @@ int main(int argc, char** argv) {
   j["gemm_bf16_tflops"] = mm;
   // Both attention kernels where the device runs the sm90 one (--kernel picks one).
   std::vector<std::string> kernels = {"sm80"};
-  if (props->major == 9) kernels.push_back("sm90");
+  if (props->major == 9) {
+    kernels.push_back("sm90");       // the 16-row Hopper kernel (forced)
+    kernels.push_back("sm90_rows");  // the many-row one (64 rows per CTA; shapes of >= 64 rows per request)
+  }
   if (!only_kernel.empty()) kernels = {only_kernel};
-  std::printf("%-8s %-22s %-7s %3s %4s %4s %6s %5s %6s %9s %11s %7s %8s %7s %7s %7s\n", "kernel", "format", "kind", "B", "H",
+  std::printf("%-9s %-22s %-7s %3s %4s %4s %6s %5s %6s %9s %11s %7s %8s %7s %7s %7s\n", "kernel", "format", "kind", "B", "H",
               "s_q", "ctx", "topk", "splits", "ms", "tokens/s", "TB/s", "TFLOP/s", "%copy", "%gemm", "xfloor");
   std::vector<Result> all;
   for (const FormatInfo& fi : all_formats()) {
@@ -376,7 +380,7 @@ int main(int argc, char** argv) {
       }
       const Shape& sh = shapes[si];
       for (const Result& r : run_shape(fi.format, sh, reps, copy, mm, gen, props->multiprocessors, kernels, extra_splits)) {
-        std::printf("%-8s %-22s %-7s %3d %4d %4d %6d %5d %5d%s %9.4f %11.4g %7.3f %8.1f %6.1f%% %6.1f%% %6.1fx\n",
+        std::printf("%-9s %-22s %-7s %3d %4d %4d %6d %5d %5d%s %9.4f %11.4g %7.3f %8.1f %6.1f%% %6.1f%% %6.1fx\n",
                     r.kernel.c_str(), r.format.c_str(), r.kind.c_str(), r.B, r.H, r.s_q, r.ctx, r.topk, r.splits,
                     r.suggested ? "*" : " ", r.ms, r.tokens_per_s, r.tbps, r.tflops, 100 * r.frac_bw, 100 * r.frac_mm,
                     r.ms / r.floor_ms);

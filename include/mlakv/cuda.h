@@ -45,16 +45,20 @@ StatusOr<DeviceProperties> device_properties(int device = 0);
 // MLAKV_CUDA_ARCHS holds 90a and chosen by plan_mla_attention on a compute capability
 // 9.0 device for bf16, fp8_ds_mla, nvfp4_ds_mla and nvfp4_ds_mla_fp8rope at L = 512,
 // R = 64 without the per-token scale mode (nvfp4_ds_mla_int8rope and token-scale layers
-// run on kSm80 everywhere for now). The environment variable
-// MLAKV_CUDA_ATTENTION=sm80 forces kSm80, =sm90 requires kSm90 (planning fails where
-// it cannot run), unset, empty or auto picks.
-enum class AttentionPath : uint8_t { kSm80 = 0, kSm90 = 1 };
-const char* attention_path_name(AttentionPath path);  // "sm80", "sm90" (the MLAKV_CUDA_ATTENTION values)
+// run on kSm80 everywhere for now). kSm90Rows: the many-row Hopper kernel (64 query
+// rows per CTA, src/cuda/sm90/attention/kernel_rows.cuh), same devices and formats as
+// kSm90, picked where a request has at least 64 rows (dense s_q * H, sparse H). The
+// environment variable MLAKV_CUDA_ATTENTION=sm80 forces kSm80, =sm90 requires the
+// 16-row kSm90 kernel, =sm90_rows requires kSm90Rows (planning fails where the forced
+// path cannot run), unset, empty or auto picks (kSm90Rows, else kSm90, else kSm80).
+enum class AttentionPath : uint8_t { kSm80 = 0, kSm90 = 1, kSm90Rows = 2 };
+// "sm80", "sm90", "sm90_rows" (the MLAKV_CUDA_ATTENTION values)
+const char* attention_path_name(AttentionPath path);
 
 struct AttentionPlan {
   AttentionPath path = AttentionPath::kSm80;  // the kernel path run_mla_attention launches
   int num_splits = 1;
-  int row_blocks = 0;            // CTAs over the rows of one request (16 rows per CTA on both paths)
+  int row_blocks = 0;            // CTAs over the rows of one request (16 rows per CTA; 64 on kSm90Rows)
   int64_t partial_rows = 0;      // rows of split partials kept in the workspace
   std::size_t workspace_bytes = 0;  // caller allocates this much device memory
 };

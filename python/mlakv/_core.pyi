@@ -248,4 +248,4 @@ class DecodePlan:
     def workspace_bytes(self) -> int: ...
     @property
     def path(self) -> str:
-        """The kernel path the plan runs: "sm80" or "sm90"."""
+        """The kernel path the plan runs: "sm80", "sm90" or "sm90_rows"."""

@@ -17,9 +17,10 @@
 //      2^-8 (1 + e_s) MAV, MAV = sum_t w_t |v_t|;
 //  (3) the fp32 sums over n tokens and S splits: (2n + 8 + 4S) u max|v|.
 // lse: tol = d + (n + 8) u + 4 u |lse| (exp2/log2 approximations included).
-// The sm90 kernel (src/cuda/sm90/attention/) rounds differently for the quantized formats: K/V
-// stay exact (e4m3 * scale, e2m1 * sf, int8; the outer scale moves into q), q's latent part
-// (and an 8-bit rope's q) is rounded to f16 after a per-row power-of-two prescale, and P
+// The sm90 kernels (src/cuda/sm90/attention/, the 16-row and the many-row one) round
+// differently for the quantized formats: K/V stay exact (e4m3 * scale, e2m1 * sf, int8;
+// the outer scale moves into q), q's latent part (and an 8-bit rope's q) is rounded to f16
+// after a per-row power-of-two prescale, and P
 // to f16 (<= 2^-11, inside the 2^-8 term). The emulation applies exactly those q
 // roundings for that kernel, so the same tolerance derivation holds.
 #include <cuda_runtime.h>
@@ -138,7 +139,8 @@ void emulate(const Host& t, float scale, cuda::AttentionPath path, std::vector<d
              std::vector<double>& tol_o, std::vector<double>& tol_l) {
   const Case& c = t.c;
   // The sm90 kernel keeps quantized K/V exact and rounds q its own way (see the top).
-  const bool exact_kv = path == cuda::AttentionPath::kSm90 && c.format != KvFormat::kBf16;
+  const bool exact_kv =
+      (path == cuda::AttentionPath::kSm90 || path == cuda::AttentionPath::kSm90Rows) && c.format != KvFormat::kBf16;
   const int B = static_cast<int>(c.seqlens.size());
   const std::size_t rows = static_cast<std::size_t>(B * c.s_q * c.heads);
   o.assign(rows * kLatentDim, 0.0);
@@ -359,6 +361,9 @@ const KvFormat kFormats[] = {KvFormat::kBf16, KvFormat::kFp8DsMla, KvFormat::kNv
 // The formats the sm90 kernel serves (all five; token-scale layers run on sm80 on Hopper, for now).
 const KvFormat kSm90Formats[] = {KvFormat::kBf16, KvFormat::kFp8DsMla, KvFormat::kNvfp4DsMla,
                                  KvFormat::kNvfp4DsMlaFp8Rope, KvFormat::kNvfp4DsMlaInt8Rope};
+// The formats the many-row sm90 kernel serves (nvfp4_ds_mla_int8rope stays on the 16-row one).
+const KvFormat kSm90RowsFormats[] = {KvFormat::kBf16, KvFormat::kFp8DsMla, KvFormat::kNvfp4DsMla,
+                                     KvFormat::kNvfp4DsMlaFp8Rope};
 const KvFormat kNvfp4Formats[] = {KvFormat::kNvfp4DsMla, KvFormat::kNvfp4DsMlaFp8Rope, KvFormat::kNvfp4DsMlaInt8Rope};
 
 // ---- attention: one named case per parameter set ------------------------------------------
@@ -574,6 +579,20 @@ std::vector<AttnCase> sanitizer_cases() {
     c.seqlens = {300, 0};
     v.push_back({c});
   }
+  for (KvFormat f : kSm90RowsFormats) {  // the many-row sm90 kernel (64 rows: H = 32, s_q = 2; sparse H = 64)
+    Case c;
+    c.format = f;
+    c.heads = 32;
+    c.s_q = 2;
+    c.block_size = 33;
+    c.splits = 2;
+    c.seqlens = {70, 0, 5};
+    v.push_back({c});
+    c.heads = 64;
+    c.sparse = true;
+    c.topk = 40;
+    v.push_back({c});
+  }
   Case ts;  // the token-scale reader path
   ts.format = KvFormat::kNvfp4DsMlaInt8Rope;
   ts.token_scale = true;
@@ -585,6 +604,43 @@ std::vector<AttnCase> sanitizer_cases() {
   v.push_back({ts});
   return v;
 }
+
+// The many-row sm90 kernel (sm90_rows, 64 rows per CTA; auto-picked on Hopper for >= 64
+// rows per request): every format it serves x heads {64, 128} x s_q {1, 2, 4}, dense
+// (causal, ragged and empty requests) and sparse (invalid indices, topk_length), block
+// sizes {1, 16, 33, 64} and split counts {1, 2, 3, 5} cycled through the cases, bf16 q on
+// some. Elsewhere (no Hopper) these run the path the plan picks.
+std::vector<AttnCase> many_row_cases() {
+  std::vector<AttnCase> v;
+  const int block_sizes[] = {1, 16, 33, 64}, split_counts[] = {1, 2, 3, 5};
+  int k = 0;
+  for (KvFormat f : kSm90RowsFormats) {
+    for (int heads : {64, 128}) {
+      for (int s_q : {1, 2, 4}) {
+        for (int sparse = 0; sparse < 2; ++sparse) {
+          Case c;
+          c.format = f;
+          c.heads = heads;
+          c.s_q = s_q;
+          c.block_size = block_sizes[k % 4];
+          c.splits = split_counts[(k / 4 + k) % 4];
+          c.sparse = sparse == 1;
+          c.topk = c.sparse ? 100 : 0;
+          c.topk_length = c.sparse && k % 3 == 0;
+          c.seqlens = c.sparse ? std::vector<int>{130, 0, 65} : std::vector<int>{0, 130, 1, 64};
+          c.bf16_q = k % 5 == 2;
+          c.outer_scale = format_info(f).has_outer_scale ? 0.75f : 1.0f;
+          c.seed = static_cast<uint32_t>(3000 + k);
+          v.push_back({c});
+          ++k;
+        }
+      }
+    }
+  }
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(ManyRowKernel, CudaAttention, ::testing::ValuesIn(many_row_cases()), attn_case_name);
 
 INSTANTIATE_TEST_SUITE_P(DenseEveryFormatHeadCountAndBlockSize, CudaAttention, ::testing::ValuesIn(dense_cases()),
                          attn_case_name);
@@ -705,6 +761,44 @@ TEST_F(Cuda, KernelChoiceFollowsTheDeviceAndTheEnvironment) {
     auto misaligned = cuda::plan_mla_attention(p);
     EXPECT_FALSE(misaligned.ok());
     p.cache.data = d_cache.ptr;
+  }
+  {
+    // The many-row kernel: never for 16 rows (=sm90_rows refuses them); 128 heads pick
+    // it on Hopper, =sm90 keeps them on the 16-row kernel.
+    KernelEnv env("sm90_rows");
+    EXPECT_FALSE(cuda::plan_mla_attention(p).ok());
+  }
+  {
+    Case w = c;
+    w.heads = 128;
+    Host tw = build(w);
+    std::vector<float> out_w, lse_w;
+    MlaAttentionParams pw = tw.params(out_w, lse_w);
+    DeviceBuffer<float> dqw(tw.q.size()), doutw(out_w.size()), dlsew(lse_w.size());
+    pw.q.data = dqw.ptr;
+    pw.q.device = Device::cuda(0);
+    pw.cache.data = d_cache.ptr;
+    pw.cache.device = Device::cuda(0);
+    pw.block_table.data = dt.ptr;
+    pw.block_table.device = Device::cuda(0);
+    pw.seqlens.data = dl.ptr;
+    pw.seqlens.device = Device::cuda(0);
+    pw.out.data = doutw.ptr;
+    pw.out.device = Device::cuda(0);
+    pw.lse.data = dlsew.ptr;
+    pw.lse.device = Device::cuda(0);
+    auto plan = cuda::plan_mla_attention(pw);
+    ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+    EXPECT_EQ(plan->path, is_hopper() ? cuda::AttentionPath::kSm90Rows : cuda::AttentionPath::kSm80);
+    if (is_hopper()) {
+      EXPECT_EQ(plan->row_blocks, 2);
+    }
+    KernelEnv env("sm90");
+    auto forced = cuda::plan_mla_attention(pw);
+    EXPECT_EQ(forced.ok(), is_hopper());
+    if (forced.ok()) {
+      EXPECT_EQ(forced->path, cuda::AttentionPath::kSm90);
+    }
   }
   {
     KernelEnv env("fastest");
@@ -850,7 +944,9 @@ TEST_F(Cuda, SparseSplitPolicyLeavesNoSplitEmpty) {
           const StatusOr<cuda::AttentionPath> sel = cuda::select_attention_path(p);
           ASSERT_TRUE(sel.ok()) << sel.status().to_string();
           const cuda::AttentionPath path = *sel;
-          const int64_t g = path == cuda::AttentionPath::kSm90 ? (f == KvFormat::kBf16 ? 32 : 64) : 1;
+          const int64_t g = path == cuda::AttentionPath::kSm90       ? (f == KvFormat::kBf16 ? 32 : 64)
+                            : path == cuda::AttentionPath::kSm90Rows ? 64
+                                                                      : 1;
           SCOPED_TRACE(fmt::format("{} B={} H={} topk={} path {}: {} splits", format_name(f), B, H, topk,
                                    cuda::attention_path_name(path), S));
           ASSERT_GE(S, 1);
@@ -864,6 +960,37 @@ TEST_F(Cuda, SparseSplitPolicyLeavesNoSplitEmpty) {
           }
         }
       }
+    }
+  }
+}
+
+// The many-row sm90 kernel's own edges (64 rows per CTA, two warpgroups of 32 rows over
+// one ring of 32-token stages, consumer tiles of 64 tokens): sequences ending on either
+// side of a stage and of a tile, the ring wrapping in long split chunks, exactly 64 rows
+// (H = 64; H = 16 x s_q = 4, causal, so one CTA holds rows of four queries whose visible
+// lengths differ inside a tile), 96 heads (the second CTA half empty), 128 heads
+// sparse with s_q = 4, bf16 q, outer scales far from 1.
+TEST_F(Cuda, HopperManyRowKernelTileEdges) {
+  if (!is_hopper()) GTEST_SKIP() << "not an sm_90 device";
+  KernelEnv env("sm90_rows");
+  for (KvFormat f : kSm90RowsFormats) {
+    for (int variant = 0; variant < 4; ++variant) {
+      Case c;
+      c.format = f;
+      c.block_size = variant == 1 ? 16 : (variant == 3 ? 33 : 64);
+      c.heads = variant == 0 ? 64 : (variant == 1 ? 16 : (variant == 2 ? 96 : 128));
+      c.s_q = variant == 1 ? 4 : (variant == 3 ? 4 : 1);
+      c.splits = variant == 0 ? 1 : (variant == 2 ? 2 : 3);
+      c.sparse = variant == 3;
+      c.topk = c.sparse ? 200 : 0;
+      c.seqlens = variant == 3 ? std::vector<int>{300, 64}
+                               : (variant == 2 ? std::vector<int>{31, 32, 63, 64, 65, 127, 129, 705}
+                                               : std::vector<int>{33, 96, 1000, 0});
+      c.bf16_q = variant == 1;
+      c.outer_scale = format_info(f).has_outer_scale ? (variant == 1 ? 1e-3f : 37.0f) : 1.0f;
+      c.seed = static_cast<uint32_t>(1500 + variant);
+      check_case(c);
+      if (HasFatalFailure()) return;
     }
   }
 }

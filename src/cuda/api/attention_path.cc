@@ -10,6 +10,7 @@
 #include "cuda/sm80/attention/launch.h"
 #ifdef MLAKV_CUDA_HAVE_ARCH_90a
 #include "cuda/sm90/attention/launch.h"
+#include "cuda/sm90/attention/launch_rows.h"
 #endif
 
 namespace mlakv::cuda {
@@ -41,6 +42,23 @@ constexpr AttentionKernels kSm90Kernels{"sm90",
                                         &sm90::launch_attention,
                                         &sm90::split_granule_of,
                                         /*programmatic_combine=*/true};
+
+// The many-row kernel: the sm90 kernel's devices and formats but nvfp4_ds_mla_int8rope (no
+// many-row instantiation yet: it runs on the 16-row kernel), requests of >= 64 rows
+// (dense: the s_q * H rows of a request share its KV; sparse: the H rows of one query).
+bool sm90_rows_serves(const MlaAttentionParams& p) {
+  if (p.q.ndim != 4 || p.cache.format == KvFormat::kNvfp4DsMlaInt8Rope) return false;
+  const int64_t rows = p.sparse() ? p.q.size(2) : p.q.size(1) * p.q.size(2);
+  return rows >= sm90::kRowsMinRows && sm90_serves(p);
+}
+int rows_split_granule(KvFormat /*format*/) { return sm90::kRowsTokenTile; }
+constexpr AttentionKernels kSm90RowsKernels{"sm90_rows",
+                                            sm90::kRowsPerCta,
+                                            &sm90_rows_serves,
+                                            &sm90::configure_attention_rows,
+                                            &sm90::attention_rows_ctas_per_sm,
+                                            &sm90::launch_attention_rows,
+                                            &rows_split_granule};
 #else
 // A binary built without 90a: the kSm90 entry serves nothing.
 bool never_serves(const MlaAttentionParams& /*p*/) { return false; }
@@ -50,6 +68,7 @@ int no_launch(KvFormat /*format*/, const kernels::AttentionParams& /*p*/, int /*
   return static_cast<int>(cudaErrorInvalidValue);
 }
 constexpr AttentionKernels kSm90Kernels{"sm90", 16, &never_serves, &no_configure, &no_ctas, &no_launch};
+constexpr AttentionKernels kSm90RowsKernels{"sm90_rows", 64, &never_serves, &no_configure, &no_ctas, &no_launch};
 #endif
 
 }  // namespace
@@ -60,20 +79,27 @@ StatusOr<AttentionPath> select_attention_path(const MlaAttentionParams& p) {
   const char* env = std::getenv("MLAKV_CUDA_ATTENTION");
   const bool force_sm80 = env != nullptr && std::strcmp(env, "sm80") == 0;
   const bool require_sm90 = env != nullptr && std::strcmp(env, "sm90") == 0;
-  if (env != nullptr && *env != '\0' && !force_sm80 && !require_sm90 && std::strcmp(env, "auto") != 0) {
-    return invalid_argument(fmt::format("MLAKV_CUDA_ATTENTION='{}': expected sm80, sm90 or auto", env));
+  const bool require_rows = env != nullptr && std::strcmp(env, "sm90_rows") == 0;
+  if (env != nullptr && *env != '\0' && !force_sm80 && !require_sm90 && !require_rows && std::strcmp(env, "auto") != 0) {
+    return invalid_argument(fmt::format("MLAKV_CUDA_ATTENTION='{}': expected sm80, sm90, sm90_rows or auto", env));
   }
   if (force_sm80) return AttentionPath::kSm80;
   const bool sm90 = attention_kernels(AttentionPath::kSm90).serves(p);
-  if (require_sm90 && !sm90) {
+  const bool rows = sm90 && attention_kernels(AttentionPath::kSm90Rows).serves(p);
+  if ((require_sm90 && !sm90) || (require_rows && !rows)) {
     return invalid_argument(fmt::format(
-        "MLAKV_CUDA_ATTENTION=sm90: the Hopper kernel cannot run here (needs a compute capability 9.0 device, a "
+        "MLAKV_CUDA_ATTENTION={}: the Hopper kernel cannot run here (needs a compute capability 9.0 device, a "
         "binary built with 90a in MLAKV_CUDA_ARCHS, one of bf16, fp8_ds_mla, nvfp4_ds_mla, nvfp4_ds_mla_fp8rope, "
         "nvfp4_ds_mla_int8rope at L=512 R=64 without the token-scale mode (token-scale layers run on sm80 for now) "
-        "and a 16-byte aligned cache; got {}, {}, {} B records{})",
+        "and a 16-byte aligned cache{}; got {}, {}, {} B records{}, {} rows per request)",
+        env, require_rows ? ", and for sm90_rows at least 64 rows per request (dense s_q * H, sparse H) and not "
+                            "nvfp4_ds_mla_int8rope" : "",
         device_name(p.cache.device), format_name(p.cache.format), p.cache.record_bytes,
-        p.cache.token_scale ? ", token-scale mode" : ""));
+        p.cache.token_scale ? ", token-scale mode" : "",
+        p.q.ndim == 4 ? (p.sparse() ? p.q.size(2) : p.q.size(1) * p.q.size(2)) : 0));
   }
+  if (require_sm90) return AttentionPath::kSm90;
+  if (rows) return AttentionPath::kSm90Rows;
   return sm90 ? AttentionPath::kSm90 : AttentionPath::kSm80;
 }
 
@@ -81,6 +107,7 @@ const AttentionKernels& attention_kernels(AttentionPath path) {
   switch (path) {
     case AttentionPath::kSm80: return kSm80Kernels;
     case AttentionPath::kSm90: return kSm90Kernels;
+    case AttentionPath::kSm90Rows: return kSm90RowsKernels;
   }
   return kSm80Kernels;
 }

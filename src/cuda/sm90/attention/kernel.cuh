@@ -818,10 +818,12 @@ __host__ __device__ constexpr int wg_b_offset(int n, int kk) {
 }
 // Head dim that k index kk (0..15) of score k-step ks (0..35) means: the order in which
 // a thread's A fragment holds its token's dims (lane c of a quad loads 16 dims).
-template <KvFormat F>
+// Vt: the order of v9's V tile (the e2m1 formats on attention_wg_kernel); false: the
+// order of wg_k_chunk's registers (v8, and the many-row kernel for every format).
+template <KvFormat F, bool Vt = wg_vtile<F>()>
 __host__ __device__ constexpr int wg_qdim(int ks, int kk) {
   const int c = (kk & 7) >> 1, e = kk & 1, hi = kk >> 3;
-  if (wg_vtile<F>() && ks < 32) return 16 * ks + 8 * hi + vt_dim(kk & 7);  // the V tile's order
+  if (Vt && ks < 32) return 16 * ks + 8 * hi + vt_dim(kk & 7);  // the V tile's order
   if (ks < 32) {
     const int kc = ks >> 2, j = ks & 3, base = 64 * kc + 16 * c;
     if constexpr (is_nvfp4(F)) return base + 8 * hi + j + 4 * e;  // e2m1 pairs (nibble j, j + 4)
@@ -907,29 +909,52 @@ __device__ __forceinline__ void wg_rope(const uint8_t* rg, const uint8_t* rg8, i
   }
 }
 
-// fp8: V^T A fragments of P V k-step kk, m-blocks 4 half .. 4 half + 3, for the thread's
-// dims, from its 4 tokens' records t0 = 2c, t1 = 2c+1, t8 = 2c+8, t9 = 2c+9 of the k-step.
-// m-block mb's rows: row 16w + g + 8h -> dim 128 (mb / 2) + 4 (8w + g) + 2 (mb % 2) + h.
-// (The e2m1 formats read V^T from the V tile instead.)
+// V^T A fragments of P V k-step kk, m-blocks 4 half .. 4 half + 3, for the thread's dims,
+// from its 4 tokens' records t0 = 2c, t1 = 2c+1, t8 = 2c+8, t9 = 2c+9 of the k-step
+// (attention_wg_kernel: fp8 only, v9 reads the e2m1 formats' V^T from the V tile; the
+// many-row kernel: every quantized format). m-block mb's rows:
+//   fp8:  row 16w + g + 8h -> dim 128 (mb / 2) + 4 (8w + g) + 2 (mb % 2) + h
+//   e2m1: row 16w + g + 8h -> dim 16 (8w + g) + 2 mb + h
 template <KvFormat F>
 __device__ __forceinline__ void wg_v_frags(const uint8_t* t0, const uint8_t* t1, const uint8_t* t8, const uint8_t* t9,
                                            int wg_g, int half, uint32_t (&a)[4][4]) {
-  static_assert(F == KvFormat::kFp8DsMla);
   using P = record::Parts<F>;
+  if constexpr (F == KvFormat::kFp8DsMla) {
 #pragma unroll
-  for (int qq = 0; qq < 2; ++qq) {
-    const int off = P::kLatentOffset + 128 * (2 * half + qq) + 4 * wg_g;
-    const uint32_t w0 = lds32(t0 + off), w1 = lds32(t1 + off), w8 = lds32(t8 + off), w9 = lds32(t9 + off);
-    const uint32_t x0 = ptx::prmt(w0, w1, 0x5140), x1 = ptx::prmt(w0, w1, 0x7362);
-    const uint32_t y0 = ptx::prmt(w8, w9, 0x5140), y1 = ptx::prmt(w8, w9, 0x7362);
-    a[2 * qq][0] = ptx::e4m3x2_to_f16x2(x0);
-    a[2 * qq][1] = ptx::e4m3x2_hi_to_f16x2(x0);
-    a[2 * qq][2] = ptx::e4m3x2_to_f16x2(y0);
-    a[2 * qq][3] = ptx::e4m3x2_hi_to_f16x2(y0);
-    a[2 * qq + 1][0] = ptx::e4m3x2_to_f16x2(x1);
-    a[2 * qq + 1][1] = ptx::e4m3x2_hi_to_f16x2(x1);
-    a[2 * qq + 1][2] = ptx::e4m3x2_to_f16x2(y1);
-    a[2 * qq + 1][3] = ptx::e4m3x2_hi_to_f16x2(y1);
+    for (int qq = 0; qq < 2; ++qq) {
+      const int off = P::kLatentOffset + 128 * (2 * half + qq) + 4 * wg_g;
+      const uint32_t w0 = lds32(t0 + off), w1 = lds32(t1 + off), w8 = lds32(t8 + off), w9 = lds32(t9 + off);
+      const uint32_t x0 = ptx::prmt(w0, w1, 0x5140), x1 = ptx::prmt(w0, w1, 0x7362);
+      const uint32_t y0 = ptx::prmt(w8, w9, 0x5140), y1 = ptx::prmt(w8, w9, 0x7362);
+      a[2 * qq][0] = ptx::e4m3x2_to_f16x2(x0);
+      a[2 * qq][1] = ptx::e4m3x2_hi_to_f16x2(x0);
+      a[2 * qq][2] = ptx::e4m3x2_to_f16x2(y0);
+      a[2 * qq][3] = ptx::e4m3x2_hi_to_f16x2(y0);
+      a[2 * qq + 1][0] = ptx::e4m3x2_to_f16x2(x1);
+      a[2 * qq + 1][1] = ptx::e4m3x2_hi_to_f16x2(x1);
+      a[2 * qq + 1][2] = ptx::e4m3x2_to_f16x2(y1);
+      a[2 * qq + 1][3] = ptx::e4m3x2_hi_to_f16x2(y1);
+    }
+  } else {
+    // word `half` of the thread's 8 latent bytes: dims 16 (8w + g) + 8 half .. + 7
+    const int off = P::kLatentOffset + 8 * wg_g + 4 * half, soff = P::kScaleOffset + wg_g;
+    const uint32_t v0 = lds32(t0 + off), v1 = lds32(t1 + off), v8 = lds32(t8 + off), v9 = lds32(t9 + off);
+    const uint32_t f01 = ptx::hmul2(ptx::e4m3x2_to_f16x2(lds8(t0 + soff) | (lds8(t1 + soff) << 8)), kF16x2_128);
+    const uint32_t f89 = ptx::hmul2(ptx::e4m3x2_to_f16x2(lds8(t8 + soff) | (lds8(t9 + soff) << 8)), kF16x2_128);
+#pragma unroll
+    for (int hb = 0; hb < 2; ++hb) {  // bytes (0,1) or (2,3) of the word: m-blocks 2hb, 2hb+1 of the half
+      const uint32_t sel = hb ? 0x7632u : 0x5410u;
+      const uint32_t z = ptx::prmt(v0, v1, sel), zz = ptx::prmt(v8, v9, sel);
+      const int m0 = 2 * hb;
+      a[m0][0] = ptx::hmul2(e2m1_pair<0>(z), f01);
+      a[m0][1] = ptx::hmul2(e2m1_pair<1>(z), f01);
+      a[m0][2] = ptx::hmul2(e2m1_pair<0>(zz), f89);
+      a[m0][3] = ptx::hmul2(e2m1_pair<1>(zz), f89);
+      a[m0 + 1][0] = ptx::hmul2(e2m1_pair<2>(z), f01);
+      a[m0 + 1][1] = ptx::hmul2(e2m1_pair<3>(z), f01);
+      a[m0 + 1][2] = ptx::hmul2(e2m1_pair<2>(zz), f89);
+      a[m0 + 1][3] = ptx::hmul2(e2m1_pair<3>(zz), f89);
+    }
   }
 }
 #endif  // MLAKV_SM90_DEVICE
