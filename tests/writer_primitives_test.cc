@@ -5,6 +5,7 @@
 // functions (f32_to_e2m1_satfinite, IEEE division, encode_nvfp4_latent, fp8_quantize).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -174,6 +175,47 @@ TEST(WriterPrimitives, Fp8TilesAreTheScalarCodecs) {
         for (int i = 0; i < 16; ++i) {
           ASSERT_EQ(static_cast<uint8_t>(w[i / 4] >> (8 * (i % 4))), codec::fp8_quantize(x[i], s))
               << "x " << x[i] << " s " << s << " mode " << static_cast<int>(mode);
+        }
+      }
+    }
+  }
+}
+
+// The 368 B records' rope codes (two per writer lane) against rope_fp8_quantize /
+// rope_int8_quantize: ropes over 60 decades (every division path), values on the codes'
+// ties (k + 0.5 for int8, e4m3 midpoints) and their neighbours, zeros of both signs.
+TEST(WriterPrimitives, RopeCodesAreTheScalarCodecs) {
+  std::mt19937 rng(29);
+  std::normal_distribution<float> nd;
+  std::uniform_int_distribution<int> nb(-1, 1), pick(0, 127);
+  for (float mag : {1.0f, 1e-3f, 1e-25f, 1e-36f, 1e25f, 1e36f}) {
+    for (int rep = 0; rep < 4000; ++rep) {
+      float r[kRopeDim];
+      for (float& v : r) v = nd(rng) * mag;
+      r[0] = rep % 7 == 0 ? -0.0f : r[0];
+      float amax = 0.0f;
+      for (float v : r) amax = std::max(amax, std::fabs(v));
+      for (KvFormat f : {KvFormat::kNvfp4DsMlaFp8Rope, KvFormat::kNvfp4DsMlaInt8Rope}) {
+        const bool fp8 = f == KvFormat::kNvfp4DsMlaFp8Rope;
+        const float rs = fp8 ? codec::rope_fp8_scale(amax) : codec::rope_int8_scale(amax);
+        float t[kRopeDim];
+        std::copy(r, r + kRopeDim, t);
+        for (int i = 2; i < 10; ++i) {  // ties after the division, and neighbours
+          const float tie = fp8 ? 0.5f * (e4m3_to_f32(static_cast<uint8_t>(pick(rng) % 126)) +
+                                          e4m3_to_f32(static_cast<uint8_t>(pick(rng) % 126 + 1)))
+                                : static_cast<float>(pick(rng) % 127) + 0.5f;
+          t[i] = from_bits(std::bit_cast<uint32_t>(tie * rs) + static_cast<uint32_t>(nb(rng)));
+          if (std::fabs(t[i]) > amax) t[i] = r[i];
+        }
+        for (int i = 0; i < kRopeDim; i += 2) {
+          const float lane_max = std::max(std::fabs(t[i]), std::fabs(t[i + 1]));
+          const uint32_t got = fp8 ? codec::rope_codes2<KvFormat::kNvfp4DsMlaFp8Rope>(t[i], t[i + 1], rs, lane_max)
+                                   : codec::rope_codes2<KvFormat::kNvfp4DsMlaInt8Rope>(t[i], t[i + 1], rs, lane_max);
+          const uint32_t want =
+              fp8 ? (codec::rope_fp8_quantize(t[i], rs) | (static_cast<uint32_t>(codec::rope_fp8_quantize(t[i + 1], rs)) << 8))
+                  : (static_cast<uint8_t>(codec::rope_int8_quantize(t[i], rs)) |
+                     (static_cast<uint32_t>(static_cast<uint8_t>(codec::rope_int8_quantize(t[i + 1], rs))) << 8));
+          ASSERT_EQ(got, want) << format_name(f) << " " << t[i] << ", " << t[i + 1] << " rs " << rs;
         }
       }
     }

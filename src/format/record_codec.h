@@ -19,7 +19,13 @@ namespace mlakv::codec {
 // tree uses Fp8ScaleMode (mlakv/codec.h, the one fp8 scale-mode enum) directly.
 
 // ---- small helpers -------------------------------------------------------------
-MLAKV_HD float fabs_f(float x) { return f32_from_bits(f32_bits(x) & 0x7FFFFFFFu); }
+MLAKV_HD float fabs_f(float x) {
+#if defined(__CUDA_ARCH__)
+  return fabsf(x);  // the same bits (sign cleared), as an operand modifier
+#else
+  return f32_from_bits(f32_bits(x) & 0x7FFFFFFFu);
+#endif
+}
 MLAKV_HD float fmax_f(float a, float b) { return a > b ? a : b; }
 
 MLAKV_HD void store_f32(uint8_t* p, float v) {
@@ -287,6 +293,30 @@ MLAKV_HD uint8_t nvfp4_group_fast(const float* x, float s, uint32_t* w) {
     w[i / 8] |= c << (4 * (i % 8));
   }
   return sf_code;
+}
+
+// The 368 B records' two rope codes of one writer lane (v0 in the low byte), with rs the
+// record's rope scale (rope_fp8_scale / rope_int8_scale of the rope's max |v|, >= 0):
+// rope_fp8_quantize / rope_int8_quantize of each, the division through div_path.
+template <KvFormat F>
+MLAKV_HD uint32_t rope_codes2(float v0, float v1, float rs, float max_abs_v) {
+  static_assert(F == KvFormat::kNvfp4DsMlaFp8Rope || F == KvFormat::kNvfp4DsMlaInt8Rope);
+  if (rs == 0.0f) return 0;
+  const float rrs = reciprocal_rn(rs);
+  const float v[2] = {v0, v1};
+  float y[2];
+  abs_div_n<2>(v, rs, rrs, div_path(rs, max_abs_v, rrs), y);
+  if constexpr (F == KvFormat::kNvfp4DsMlaFp8Rope) {
+    return e4m3x2_satfinite(with_sign_of(y[0], v0), with_sign_of(y[1], v1));
+  } else {
+    constexpr float kMax = static_cast<float>(layout::nvfp4_ds_mla_int8rope::kInt8Max);
+    uint32_t c = 0;
+    for (int i = 0; i < 2; ++i) {
+      const float q = with_sign_of(y[i] < kMax ? y[i] : kMax, v[i]);
+      c |= static_cast<uint32_t>(static_cast<uint8_t>(static_cast<int8_t>(round_half_even_small(q)))) << (8 * i);
+    }
+    return c;
+  }
 }
 
 // ---- whole records -------------------------------------------------------------------

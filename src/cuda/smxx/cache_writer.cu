@@ -239,17 +239,10 @@ __device__ __forceinline__ void encode_token(const WriterParams& p, const LaneTr
     } else {
       static_assert(F == KvFormat::kNvfp4DsMlaFp8Rope || F == KvFormat::kNvfp4DsMlaInt8Rope);
       static_assert(record::kTokenScaleOffset == P::kPadOffset, "368 B: s_t is the pad's first u32");
-      const float ramax = warp_max(fmaxf(fabsf(v0), fabsf(v1)), 32);
-      uint16_t codes;
-      float rs;
-      if constexpr (F == KvFormat::kNvfp4DsMlaFp8Rope) {
-        rs = codec::rope_fp8_scale(ramax);
-        codes = rs == 0.0f ? uint16_t{0} : static_cast<uint16_t>(codec::e4m3x2_satfinite(v0 / rs, v1 / rs));
-      } else {
-        rs = codec::rope_int8_scale(ramax);
-        codes = static_cast<uint16_t>(static_cast<uint8_t>(codec::rope_int8_quantize(v0, rs)) |
-                                      (static_cast<uint8_t>(codec::rope_int8_quantize(v1, rs)) << 8));
-      }
+      const float lane_ramax = fmaxf(fabsf(v0), fabsf(v1));
+      const float ramax = warp_max(lane_ramax, 32);
+      const float rs = F == KvFormat::kNvfp4DsMlaFp8Rope ? codec::rope_fp8_scale(ramax) : codec::rope_int8_scale(ramax);
+      const uint16_t codes = static_cast<uint16_t>(codec::rope_codes2<F>(v0, v1, rs, lane_ramax));
       if (lane == 0) {
         *reinterpret_cast<float*>(rec + P::kRopeScaleOffset) = rs;
         *reinterpret_cast<uint32_t*>(rec + P::kPadOffset) = ts_bits;  // 12 pad bytes: 4 (s_t or 0) + 8
