@@ -146,18 +146,22 @@ MLAKV_HD uint32_t bf16x2_rn(float lo, float hi) {
 #endif
 }
 
-// The e2m1 magnitude code (0..7) of a >= 0 (Inf included): the low three bits of
-// f32_to_e2m1_satfinite(a). a is first clamped to 6 (satfinite; Inf -> 6). Below 1 the
-// e2m1 values are multiples of 0.5: a + 2^22 (ulp 0.5) rounds to one, ties to even, and
-// its mantissa is the code. From 1 up: round the float32 mantissa to one bit (add
-// 0x1FFFFF plus the kept bit, carry into the exponent) and read (exponent, bit) as the
-// code, minus 1.0's (127 << 1) - 2.
-MLAKV_HD uint32_t e2m1_magnitude_code(float a) {
+// The e2m1 magnitude code (0..7) of a >= 0 (Inf included) in the low three bits (the
+// bits above are not zero): f32_to_e2m1_satfinite(a) & 7. a is first clamped to 6
+// (satfinite; Inf -> 6). Below 1 the e2m1 values are multiples of 0.5: a + 2^22 (ulp 0.5)
+// rounds to one, ties to even, and its mantissa (0x4A800000 + code) ends in the code. From
+// 1 up: round the float32 mantissa to one bit (add 0x1FFFFF plus the kept bit, carry into
+// the exponent) and read (exponent, bit) as the code, minus 1.0's (127 << 1) - 2.
+MLAKV_HD uint32_t e2m1_magnitude_code_bits(float a) {
   a = a < 6.0f ? a : 6.0f;
   const uint32_t b = f32_bits(a);
-  const uint32_t small = f32_bits(a + 4194304.0f) - 0x4A800000u;
+  const uint32_t small = f32_bits(a + 4194304.0f);
   const uint32_t big = (b + 0x1FFFFFu + ((b >> 22) & 1u) - 0x3F000000u) >> 22;
   return a < 1.0f ? small : big;
+}
+// The e2m1 code of the magnitude a with the sign bit of x: f32_to_e2m1_satfinite(+-a).
+MLAKV_HD uint32_t e2m1_code(float a, float x) {
+  return (e2m1_magnitude_code_bits(a) & 7u) | ((f32_bits(x) >> 28) & 8u);
 }
 
 // RN(a / b) from rb = RN(1 / b), for a, b whose quotient and remainders stay in the normal
@@ -289,7 +293,7 @@ MLAKV_HD uint8_t nvfp4_group_fast(const float* x, float s, uint32_t* w) {
     for (int i = 0; i < 16; ++i) q[i] = div_rn_by_e4m3(y[i], sf, rsf);
   }
   for (int i = 0; i < 16; ++i) {
-    const uint32_t c = e2m1_magnitude_code(fabs_f(q[i])) | ((f32_bits(x[i]) >> 28) & 8u);
+    const uint32_t c = e2m1_code(fabs_f(q[i]), x[i]);
     w[i / 8] |= c << (4 * (i % 8));
   }
   return sf_code;

@@ -1113,6 +1113,85 @@ TEST_F(Cuda, WritersAreByteIdenticalOnAdversarialInputs) {
   }
 }
 
+// The writer's nvfp4 subnormal-scale tally equals the CPU's check (nvfp4_scale_check, what
+// KvCache::write warns from) over the tokens written: groups of every size around the
+// subnormal edge amax_g = 6 * 2^-6 * s_l (and exactly on it), zero groups, several outer
+// scales; the warning text then is the CPU's. Other formats and token-scale mode leave it.
+TEST_F(Cuda, WriterTalliesTheNvfp4SubnormalScalesAsTheCpu) {
+  const int n = 5000;
+  std::mt19937 rng(41);
+  std::normal_distribution<float> nd;
+  std::vector<int64_t> slots(static_cast<std::size_t>(n));
+  std::iota(slots.begin(), slots.end(), 0);
+  slots[3] = -1;  // not written: not counted
+  for (float outer : {1.0f, 0.3f, 7.44e-6f}) {
+    std::vector<float> lat(static_cast<std::size_t>(n) * kLatentDim), rope(static_cast<std::size_t>(n) * kRopeDim, 0.5f);
+    for (int t = 0; t < n; ++t) {
+      for (int g = 0; g < 32; ++g) {
+        const float edge = 0.09375f * outer;  // amax / (6 s_l) = 2^-6
+        const int kind = (t + g) % 5;
+        const float scale = kind == 0 ? 0.0f : (kind == 1 ? edge : edge * std::exp(2.0f * nd(rng)));
+        for (int i = 0; i < 16; ++i) {
+          float v = kind == 1 ? (i == 5 ? edge : 0.5f * edge) : scale * nd(rng) * 0.3f;
+          if (kind == 1 && t % 2 == 1 && i == 5) v = std::nextafter(edge, 0.0f);
+          lat[(static_cast<std::size_t>(t) * 32 + g) * 16 + i] = v;
+        }
+      }
+    }
+    // The CPU check over the written rows.
+    std::vector<float> written;
+    for (int t = 0; t < n; ++t) {
+      if (slots[static_cast<std::size_t>(t)] < 0) continue;
+      written.insert(written.end(), lat.begin() + static_cast<std::ptrdiff_t>(t) * kLatentDim,
+                     lat.begin() + static_cast<std::ptrdiff_t>(t + 1) * kLatentDim);
+    }
+    const int64_t nw = static_cast<int64_t>(written.size()) / kLatentDim;
+    auto want = nvfp4_scale_check(TensorView::contiguous(written.data(), DType::kF32, {nw, kLatentDim}), outer);
+    ASSERT_TRUE(want.ok());
+    DeviceBuffer<int64_t> d_slots(slots.size());
+    d_slots.upload(slots);
+    DeviceBuffer<float> d_lat(lat.size()), d_rope(rope.size());
+    d_lat.upload(lat);
+    d_rope.upload(rope);
+    for (KvFormat f : kFormats) {
+      for (bool token_scale : {false, true}) {
+        if (token_scale && !is_nvfp4_format(f)) continue;
+        SCOPED_TRACE(fmt::format("{} outer {}{}", format_name(f), outer, token_scale ? " token-scale" : ""));
+        const int rb = record_bytes(f);
+        DeviceBuffer<uint8_t> d_cache(static_cast<std::size_t>(n) * rb);
+        DeviceBuffer<cuda::Nvfp4ScaleTally> d_tally(1);
+        CUDA_OK(cudaMemset(d_tally.ptr, 0, sizeof(cuda::Nvfp4ScaleTally)));
+        CacheLayerView v;
+        v.data = d_cache.ptr;
+        v.num_blocks = (n + 15) / 16;
+        v.block_size = 16;
+        v.record_bytes = rb;
+        v.format = f;
+        v.outer_scale = format_info(f).has_outer_scale && !token_scale ? outer : 1.0f;
+        v.token_scale = token_scale;
+        v.device = Device::cuda(0);
+        const Status st = cuda::write_cache(v, TensorView::contiguous(d_slots.ptr, DType::kI64, {n}, Device::cuda(0)),
+                                            TensorView::contiguous(d_lat.ptr, DType::kF32, {n, kLatentDim}, Device::cuda(0)),
+                                            TensorView::contiguous(d_rope.ptr, DType::kF32, {n, kRopeDim}, Device::cuda(0)),
+                                            Fp8ScaleMode::kPow2, nullptr, nullptr, d_tally.ptr);
+        ASSERT_TRUE(st.ok()) << st.to_string();
+        CUDA_OK(cudaDeviceSynchronize());
+        const Nvfp4ScaleCheck got = d_tally.download()[0].to_check();
+        if (!is_nvfp4_format(f) || token_scale) {
+          EXPECT_EQ(got.tokens, 0);
+          EXPECT_EQ(got.groups, 0);
+          continue;
+        }
+        EXPECT_EQ(got.tokens, want->tokens);
+        EXPECT_EQ(got.groups, want->groups);
+        EXPECT_EQ(got.subnormal_groups, want->subnormal_groups);
+        EXPECT_EQ(got.max_abs, want->max_abs);
+        EXPECT_EQ(nvfp4_scale_warning(f, got, outer), nvfp4_scale_warning(f, *want, outer));
+      }
+    }
+  }
+}
+
 TEST_F(Cuda, MergeAttnStatesMatchesTheCpu) {
   const int P = 5, N = 37, D = 512;
   std::mt19937 rng(3);

@@ -29,7 +29,7 @@ __global__ void every_float_kernel(unsigned long long* counts, unsigned long lon
     const uint32_t b_want = f32_to_bf16(x) | (static_cast<uint32_t>(f32_to_bf16(y)) << 16);
     if (b != b_want) note(counts, first, nan ? kBf16NaN : kBf16, bits, b);
     if ((bits & 0x7FFFFFFFu) <= 0x7F800000u) {
-      const uint32_t c = codec::e2m1_magnitude_code(fabsf(x)) | ((bits >> 28) & 8u);
+      const uint32_t c = codec::e2m1_code(fabsf(x), x);
       if (c != f32_to_e2m1_satfinite(x)) note(counts, first, kE2m1, bits, c);
     }
   }

@@ -10,7 +10,7 @@ enum PrimitiveCheck : int {
   kE4m3NaN,         // the same where an input is NaN (not specified on the device)
   kBf16,            // bf16x2_rn vs f32_to_bf16, non-NaN inputs
   kBf16NaN,         // the same where an input is NaN
-  kE2m1,            // e2m1_magnitude_code + sign vs f32_to_e2m1_satfinite, non-NaN inputs
+  kE2m1,            // e2m1_code vs f32_to_e2m1_satfinite, non-NaN inputs
   kDivGroupScale,   // div_rn_by_e4m3 and div_rn_by_reciprocal vs IEEE, every e4m3 divisor, dividends [1, 4)
   kDivScale,        // the same for random divisors on the reciprocal path
   kNumPrimitiveChecks

@@ -170,10 +170,40 @@ __device__ __forceinline__ float warp_max(float v, int width) {
   return v;
 }
 
+// A lane's part of the nvfp4 subnormal-scale tally (WriterParams::tally), over the tokens
+// its warp encodes: its group's max |latent| against 6 * 2^-6 s_l, in double as
+// nvfp4_scale_check computes it on the CPU.
+struct LaneTally {
+  unsigned tokens = 0, groups = 0, subnormal = 0;
+  float max_abs = 0.0f;
+  __device__ void add(const float (&x)[kLaneDims], float outer_scale) {
+    float a = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kLaneDims; ++i) a = fmaxf(a, fabsf(x[i]));
+    ++tokens;
+    if (a != 0.0f) {
+      ++groups;
+      if (static_cast<double>(a) / static_cast<double>(outer_scale) / 6.0 < 0.015625) ++subnormal;
+    }
+    max_abs = fmaxf(max_abs, a);
+  }
+  // The warp's sums into the device tally (every lane calls it).
+  __device__ void flush(unsigned long long* tally, int lane) const {
+    const unsigned g = __reduce_add_sync(0xFFFFFFFFu, groups), sub = __reduce_add_sync(0xFFFFFFFFu, subnormal);
+    const unsigned m = __reduce_max_sync(0xFFFFFFFFu, __float_as_uint(max_abs));
+    if (lane == 0 && tokens != 0) {
+      atomicAdd(tally, static_cast<unsigned long long>(tokens));
+      atomicAdd(tally + 1, static_cast<unsigned long long>(g));
+      atomicAdd(tally + 2, static_cast<unsigned long long>(sub));
+      atomicMax(reinterpret_cast<unsigned*>(tally + 3), m);
+    }
+  }
+};
+
 // One token: lane `lane`'s parts of record `rec`.
 template <KvFormat F, bool kTf>
 __device__ __forceinline__ void encode_token(const WriterParams& p, const LaneTransform<kTf>& tf, int lane, int64_t t,
-                                             uint8_t* rec) {
+                                             uint8_t* rec, LaneTally& tally) {
   const int64_t lo = t * p.latent_stride, ro = t * p.rope_stride;
   float x[kLaneDims];
   load_run(p.latent, lo + kLaneDims * lane, p.bf16_input, x);
@@ -224,6 +254,7 @@ __device__ __forceinline__ void encode_token(const WriterParams& p, const LaneTr
       for (int i = 0; i < kLaneDims; ++i) lane_amax = fmaxf(lane_amax, fabsf(x[i]));
       s = warp_max(lane_amax, 32) * layout::nvfp4_token_scale::kFactor;
     }
+    if (p.tally != nullptr) tally.add(x, s);  // set outside token-scale mode only (s = s_l)
     uint8_t sf_code = 0;
     uint32_t w[2] = {0, 0};
     if (s != 0.0f) sf_code = codec::nvfp4_group_fast(x, s, w);  // s_t = 0: an all-zero latent, zero codes and scales
@@ -262,6 +293,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) write_cache_kernel(Writer
   __shared__ std::conditional_t<kTf, TransformSmem, int> smem;
   LaneTransform<kTf> tf;
   if constexpr (kTf) tf.load(p, &smem);
+  LaneTally tally;
   for (int64_t t = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5); t < p.n; t += stride) {
     const int64_t slot = p.slots[t];
     if (slot < 0) continue;  // padding
@@ -269,7 +301,10 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) write_cache_kernel(Writer
       if (lane == 0 && p.error_count != nullptr) atomicAdd(p.error_count, 1);
       continue;
     }
-    encode_token<F, kTf>(p, tf, lane, t, p.cache + slot * p.record_bytes);
+    encode_token<F, kTf>(p, tf, lane, t, p.cache + slot * p.record_bytes, tally);
+  }
+  if constexpr (is_nvfp4_format(F)) {
+    if (p.tally != nullptr) tally.flush(p.tally, lane);
   }
 }
 
