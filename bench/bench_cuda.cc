@@ -298,6 +298,7 @@ int main(int argc, char** argv) {
   std::vector<int> only_shapes;  // --shape I[,J...]: those shape indices only
   std::vector<int> extra_splits;  // --splits N[,M...]: those split counts too
   bool skip_ceilings = false;
+  bool writers_only = false;  // --writers: the copy ceiling and the cache writers only
   std::string json_path, only, only_kernel;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -326,9 +327,10 @@ int main(int argc, char** argv) {
       }
     }
     else if (a == "--no-ceilings") skip_ceilings = true;
+    else if (a == "--writers") writers_only = true;
     else if (a == "--kernel" && i + 1 < argc) only_kernel = argv[++i];
     else {
-      std::fprintf(stderr, "error: unknown argument '%s' (usage: bench_cuda [--reps N] [--json PATH] [--format F] [--shape I[,J...]] [--splits N[,M...]] [--kernel sm80|sm90|sm90_rows] [--no-ceilings])\n", a.c_str());
+      std::fprintf(stderr, "error: unknown argument '%s' (usage: bench_cuda [--reps N] [--json PATH] [--format F] [--shape I[,J...]] [--splits N[,M...]] [--kernel sm80|sm90|sm90_rows] [--no-ceilings] [--writers])\n", a.c_str());
       return 2;
     }
   }
@@ -341,11 +343,15 @@ int main(int argc, char** argv) {
 
   // --no-ceilings (profiling runs) uses the ceilings measured on this H200 before.
   const double copy = skip_ceilings ? 4.29 : copy_ceiling_tbps(reps);
-  const double mm = skip_ceilings ? 798.0 : gemm_ceiling_tflops(reps);
+  const double mm = skip_ceilings || writers_only ? 798.0 : gemm_ceiling_tflops(reps);
   std::printf("device %s, %d SMs, L2 %.0f MiB\n", props->name.c_str(), props->multiprocessors,
               static_cast<double>(props->l2_bytes) / (1 << 20));
-  std::printf("ceilings: device-to-device copy %.2f TB/s (read + write); bf16 GEMM 8192^3 (cuBLAS) %.1f TFLOP/s\n\n",
-              copy, mm);
+  if (writers_only) {
+    std::printf("ceilings: device-to-device copy %.2f TB/s (read + write)\n\n", copy);
+  } else {
+    std::printf("ceilings: device-to-device copy %.2f TB/s (read + write); bf16 GEMM 8192^3 (cuBLAS) %.1f TFLOP/s\n\n",
+                copy, mm);
+  }
   // Issue 12's shapes: memory-bound decode (H=16), compute-bound dense (H=128 s_q=2),
   // sparse top-k 2048 at H=128/64, and the tensor-parallel sparse shapes (H=8/16 per GPU,
   // s_q=1, B=1/8/64), which FlashMLA's Hopper kernel runs only with heads padded to 64.
@@ -372,6 +378,7 @@ int main(int argc, char** argv) {
               "s_q", "ctx", "topk", "splits", "ms", "tokens/s", "TB/s", "TFLOP/s", "%copy", "%gemm", "xfloor");
   std::vector<Result> all;
   for (const FormatInfo& fi : all_formats()) {
+    if (writers_only) break;
     if (!only.empty() && fi.name != only) continue;
     if (fi.format == KvFormat::kF32) continue;  // a CPU parity-check format: no CUDA kernels
     for (std::size_t si = 0; si < shapes.size(); ++si) {

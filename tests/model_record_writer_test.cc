@@ -13,7 +13,9 @@
 #include <gtest/gtest.h>
 #include <hwy/targets.h>
 
+#include <algorithm>
 #include <cmath>
+#include <string>
 #include <cstdio>
 #include <cstring>
 #include <limits>
@@ -22,6 +24,7 @@
 #include <vector>
 
 #include "format/record_codec.h"
+#include "mlakv/latent_transform.h"
 #include "mlakv/model.h"
 #include "mlakv/numerics.h"
 #include "mlakv/thread_pool.h"
@@ -287,6 +290,74 @@ TEST(ModelRecordWriter, PublicWriteRecordsSimd) {
   EXPECT_EQ(std::memcmp(va.data, vb.data, static_cast<std::size_t>(va.num_slots() * va.record_bytes)), 0);
   const Status st = write_records_simd(**b, 0, slots, TensorView::contiguous(lat.data(), DType::kF32, {n, 500}), rv);
   EXPECT_NE(st.message().find("latent"), std::string::npos) << st.message();
+}
+
+// The fused latent transform (TransformToken: centre, gain, the 512-point butterflies in
+// register blocks, the 64-point RoPE ones) on every SIMD target: the records equal
+// LatentTransformKernel::latent / rope (the spec) followed by the scalar codec, for the
+// three transform shapes (both rotations, latent only, centre + scale only), inputs with
+// signed zeros, ties of the butterfly sums and values over ten decades.
+TEST(ModelRecordWriter, TransformedRecordsMatchTheSpecOnEveryTarget) {
+  const int64_t n = 37;
+  std::mt19937 rng(12);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> lat(static_cast<std::size_t>(n * kLatentDim)), rope(static_cast<std::size_t>(n * kRopeDim));
+  for (std::size_t i = 0; i < lat.size(); ++i) {
+    lat[i] = nd(rng) * std::pow(10.0f, static_cast<float>(static_cast<int>(i % 11) - 5));
+    if (i % 29 == 0) lat[i] = -0.0f;
+    if (i % 31 == 0) lat[i] = 1.0f;  // with mu = 1 on some dims: exact zeros, then sums of zeros
+  }
+  for (float& x : rope) x = nd(rng);
+  for (int variant = 0; variant < 3; ++variant) {
+    LatentTransformLayer tl = LatentTransformLayer::identity();
+    for (int d = 0; d < kLatentDim; ++d) {
+      tl.mu[static_cast<std::size_t>(d)] = d % 31 == 0 ? 1.0f : 0.05f * nd(rng);
+      tl.d[static_cast<std::size_t>(d)] = std::exp(0.5f * nd(rng));
+    }
+    tl.rotate = variant < 2;
+    tl.sign_seed = 77;
+    tl.rope_rotate = variant == 0;
+    tl.rope_sign_seed = 78;
+    auto k = LatentTransformKernel::create(tl);
+    ASSERT_TRUE(k.ok()) << k.status().to_string();
+    std::vector<float> lt(lat.size()), rt(rope.size());
+    for (int64_t t = 0; t < n; ++t) {
+      k->latent(lat.data() + t * kLatentDim, lt.data() + t * kLatentDim);
+      k->rope(rope.data() + t * kRopeDim, rt.data() + t * kRopeDim);
+    }
+    for (KvFormat f : {KvFormat::kBf16, KvFormat::kFp8DsMla, KvFormat::kNvfp4DsMla, KvFormat::kNvfp4DsMlaInt8Rope,
+                       KvFormat::kF32}) {
+      KvCache::Config c;
+      c.num_blocks = 5;
+      c.block_size = 8;
+      c.layers = {LayerFormat{f, format_info(f).has_outer_scale ? tl.outer_scale : 1.0f}};
+      std::vector<int64_t> slots(static_cast<std::size_t>(n));
+      std::iota(slots.begin(), slots.end(), 0);
+      std::shuffle(slots.begin(), slots.end(), rng);
+      slots[4] = -1;
+      auto want = PagedKvCache::create_cpu(c);
+      ASSERT_TRUE(want.ok());
+      ASSERT_TRUE((*want)
+                      ->write(0, slots, TensorView::contiguous(lt.data(), DType::kF32, {n, kLatentDim}),
+                              TensorView::contiguous(rt.data(), DType::kF32, {n, kRopeDim}))
+                      .ok());
+      const auto vw = *(*want)->storage().layer(0);
+      for (int64_t target : targets()) {
+        TargetScope scope(target);
+        SCOPED_TRACE(std::string(hwy::TargetName(target)) + " " + std::string(format_name(f)) + " variant " +
+                     std::to_string(variant));
+        auto got = PagedKvCache::create_cpu(c);
+        ASSERT_TRUE(got.ok());
+        ASSERT_TRUE(write_records_simd(**got, 0, slots, TensorView::contiguous(lat.data(), DType::kF32, {n, kLatentDim}),
+                                       TensorView::contiguous(rope.data(), DType::kF32, {n, kRopeDim}), nullptr, &*k)
+                        .ok());
+        const auto vg = *(*got)->storage().layer(0);
+        for (int64_t b = 0; b < vg.num_slots() * vg.record_bytes; ++b) {
+          ASSERT_EQ(vg.data[b], vw.data[b]) << "byte " << b << " (slot " << b / vg.record_bytes << ")";
+        }
+      }
+    }
+  }
 }
 
 }  // namespace

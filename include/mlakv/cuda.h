@@ -85,13 +85,31 @@ Status merge_attn_states(const TensorView& o_parts, const TensorView& lse_parts,
                          const TensorView& lse, void* stream);
 
 // ---- cache writers --------------------------------------------------------------------
+// What the CUDA writer tallies for the nvfp4 subnormal-scale check (mlakv/codec.h
+// Nvfp4ScaleCheck, the check behind the warning KvCache::write raises on the CPU): pass a
+// zero-initialised one in device memory to write_cache and read it back once the stream is
+// done; to_check() is what nvfp4_scale_warning takes. (The launch's Status cannot carry the
+// warning: it returns before the kernel runs.) Counted over the tokens written (slots inside
+// the layer), at the layer's outer scale, for the nvfp4 formats outside token-scale mode
+// (which needs no warning); left as it is otherwise. Accumulates over calls.
+struct Nvfp4ScaleTally {
+  unsigned long long tokens = 0;
+  unsigned long long groups = 0;            // non-zero 16-dim groups
+  unsigned long long subnormal_groups = 0;  // of those, amax_g / (6 s_l) < 2^-6 (in double, as the CPU)
+  unsigned int max_abs_bits = 0;            // float32 bits of max |latent| (>= 0: ordered as the bits)
+  unsigned int reserved = 0;
+  Nvfp4ScaleCheck to_check() const;
+};
+
 // Encodes n tokens into `slots` of a device cache layer; one launch.
 //   slots [n] i64 (device); entries < 0 are skipped (CUDA-graph padding); entries past
 //         the layer's capacity are skipped and counted in *error_count when given.
 //   latent [n, 512], rope [n, 64]: f32 or bf16 on the device. Non-finite inputs are
 //         not checked on the device (the CPU writer rejects them).
+//   scale_tally: device memory, or null (Nvfp4ScaleTally above).
 Status write_cache(const CacheLayerView& layer, const TensorView& slots, const TensorView& latent,
-                   const TensorView& rope, Fp8ScaleMode fp8_scales, void* stream, int* error_count = nullptr);
+                   const TensorView& rope, Fp8ScaleMode fp8_scales, void* stream, int* error_count = nullptr,
+                   Nvfp4ScaleTally* scale_tally = nullptr);
 
 // A layer's latent transform (include/mlakv/latent_transform.h, the mlakv recipe) on one
 // GPU: the factors of its LatentTransformKernel (mu, the per-dim gains, the RoPE gains)
@@ -129,7 +147,7 @@ class DeviceLatentTransform {
 // GPU; the layer's outer_scale equal to transform.outer_scale() where the format has one).
 Status write_cache(const CacheLayerView& layer, const TensorView& slots, const TensorView& latent,
                    const TensorView& rope, Fp8ScaleMode fp8_scales, const DeviceLatentTransform& transform,
-                   void* stream, int* error_count = nullptr);
+                   void* stream, int* error_count = nullptr, Nvfp4ScaleTally* scale_tally = nullptr);
 
 // ---- memory ------------------------------------------------------------------------------
 // cudaMalloc-backed segments for CachingAllocator; a capacity models a smaller GPU.

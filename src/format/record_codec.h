@@ -19,7 +19,13 @@ namespace mlakv::codec {
 // tree uses Fp8ScaleMode (mlakv/codec.h, the one fp8 scale-mode enum) directly.
 
 // ---- small helpers -------------------------------------------------------------
-MLAKV_HD float fabs_f(float x) { return f32_from_bits(f32_bits(x) & 0x7FFFFFFFu); }
+MLAKV_HD float fabs_f(float x) {
+#if defined(__CUDA_ARCH__)
+  return fabsf(x);  // the same bits (sign cleared), as an operand modifier
+#else
+  return f32_from_bits(f32_bits(x) & 0x7FFFFFFFu);
+#endif
+}
 MLAKV_HD float fmax_f(float a, float b) { return a > b ? a : b; }
 
 MLAKV_HD void store_f32(uint8_t* p, float v) {
@@ -106,6 +112,215 @@ MLAKV_HD float nvfp4_token_scale(const float* latent) {
   float amax = 0.0f;
   for (int i = 0; i < kLatentDim; ++i) amax = fmax_f(amax, fabs_f(latent[i]));
   return amax * layout::nvfp4_token_scale::kFactor;
+}
+
+// ---- the writers' fast element primitives ---------------------------------------------------
+// The CUDA writers (src/cuda/smxx/cache_writer.cu) encode with these instead of the scalar
+// functions above. Each returns the bytes the scalar function returns for every input the
+// writers hand it (finite latents and ropes: non-finite inputs are not specified on the
+// device, include/mlakv/cuda.h); tests/cuda/writer_primitives_kernels.cu checks them on the
+// device against the scalar functions, exhaustively over float32 where one operand is free.
+
+// e4m3 satfinite of two floats, lo in bits [0, 8): f32_to_e4m3_satfinite. On sm_89+ one
+// hardware conversion (cvt.rn.satfinite.e4m3x2.f32: round to nearest even, +-Inf and
+// overflow to +-448, underflow keeps the sign).
+MLAKV_HD uint32_t e4m3x2_satfinite(float lo, float hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  uint16_t r;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+  return r;
+#else
+  return static_cast<uint32_t>(f32_to_e4m3_satfinite(lo)) | (static_cast<uint32_t>(f32_to_e4m3_satfinite(hi)) << 8);
+#endif
+}
+
+// bf16 of two floats, lo in bits [0, 16): f32_to_bf16. On the device one hardware
+// conversion (cvt.rn.bf16x2.f32, sm_80+: round to nearest even, overflow to Inf).
+MLAKV_HD uint32_t bf16x2_rn(float lo, float hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+#else
+  return static_cast<uint32_t>(f32_to_bf16(lo)) | (static_cast<uint32_t>(f32_to_bf16(hi)) << 16);
+#endif
+}
+
+// The e2m1 magnitude code (0..7) of a >= 0 (Inf included) in the low three bits (the
+// bits above are not zero): f32_to_e2m1_satfinite(a) & 7. a is first clamped to 6
+// (satfinite; Inf -> 6). Below 1 the e2m1 values are multiples of 0.5: a + 2^22 (ulp 0.5)
+// rounds to one, ties to even, and its mantissa (0x4A800000 + code) ends in the code. From
+// 1 up: round the float32 mantissa to one bit (add 0x1FFFFF plus the kept bit, carry into
+// the exponent) and read (exponent, bit) as the code, minus 1.0's (127 << 1) - 2.
+MLAKV_HD uint32_t e2m1_magnitude_code_bits(float a) {
+  a = a < 6.0f ? a : 6.0f;
+  const uint32_t b = f32_bits(a);
+  const uint32_t small = f32_bits(a + 4194304.0f);
+  const uint32_t big = (b + 0x1FFFFFu + ((b >> 22) & 1u) - 0x3F000000u) >> 22;
+  return a < 1.0f ? small : big;
+}
+// The e2m1 code of the magnitude a with the sign bit of x: f32_to_e2m1_satfinite(+-a).
+MLAKV_HD uint32_t e2m1_code(float a, float x) {
+  return (e2m1_magnitude_code_bits(a) & 7u) | ((f32_bits(x) >> 28) & 8u);
+}
+
+// RN(a / b) from rb = RN(1 / b), for a, b whose quotient and remainders stay in the normal
+// range (callers guard it; see below). q0 = RN(a rb) is within 1.5 ulp of a / b; one
+// correction q1 = RN(q0 + RN(a - b q0) rb) is within 0.5 ulp plus a 2^-22 ulp fraction, i.e.
+// faithful; Markstein's theorem (y = RN(1/b), q faithful: r = a - b q is exact and
+// RN(q + r y) = RN(a / b)) makes the second correction the correctly rounded quotient -
+// what the IEEE division returns. The fused multiply-adds are single roundings on host
+// (std::fma) and device alike.
+MLAKV_HD float fma_f(float a, float b, float c) {
+#if defined(__CUDA_ARCH__)
+  return __fmaf_rn(a, b, c);
+#else
+  return std::fma(a, b, c);
+#endif
+}
+MLAKV_HD float div_rn_by_reciprocal(float a, float b, float rb) {
+#if defined(__CUDA_ARCH__)
+  float q = __fmul_rn(a, rb);
+#else
+  float q = a * rb;
+#endif
+  float r = fma_f(-b, q, a);
+  q = fma_f(r, rb, q);
+  r = fma_f(-b, q, a);
+  return fma_f(r, rb, q);
+}
+// RN(a / b) for b an e4m3 value (an nvfp4 group scale, [2^-9, 448]) from rb = RN(1/b),
+// wherever a, the quotient and the remainder are normal (a >= 2^-12 and a / b <= 2^120 is
+// enough): q0 = RN(a rb), then one correction RN(q0 + RN(a - b q0) rb). Exact by
+// exhaustion: every operation commutes with scaling a or b by powers of two in that range,
+// so the 8 float32 mantissas of e4m3 values x every dividend in [1, 4) cover every case
+// (tests/writer_primitives_test.cc on the host, cuda_harness on the device).
+MLAKV_HD float div_rn_by_e4m3(float a, float b, float rb) {
+#if defined(__CUDA_ARCH__)
+  const float q = __fmul_rn(a, rb);
+#else
+  const float q = a * rb;
+#endif
+  return fma_f(fma_f(-b, q, a), rb, q);
+}
+// RN(1 / b) (the IEEE reciprocal).
+MLAKV_HD float reciprocal_rn(float b) {
+#if defined(__CUDA_ARCH__)
+  return __frcp_rn(b);
+#else
+  return 1.0f / b;
+#endif
+}
+
+// x / s for the encoders below, through the reciprocal rs = RN(1/s) where that is provably
+// the IEEE quotient:
+//   - s a power of two in [2^-126, 2^126]: rs is exact, x * rs is the same real number as
+//     x / s, rounded once (subnormal and overflowing results included);
+//   - else s in [2^-60, 2^100] and max|x| * rs <= 2^119: div_rn_by_reciprocal. Its result is
+//     RN(x / s) wherever |x| >= 2^-100 and the quotient is normal (the remainders stay
+//     exact); elsewhere it is within a few 2^-149 of it, i.e. below 2^-40, where every code
+//     of the formats below is zero and only the sign (taken from x) shows;
+//   - else the IEEE division.
+// Returns |x| / s (the caller takes the sign from x).
+enum class DivPath : uint8_t { kPow2, kReciprocal, kIeee };
+MLAKV_HD DivPath div_path(float s, float max_abs_x, float rs) {
+  const uint32_t b = f32_bits(s);
+  if ((b & 0x7FFFFFu) == 0 && s >= 1.17549435e-38f && s <= 8.50705917e+37f) return DivPath::kPow2;
+  if (s >= 8.67361738e-19f && s <= 1.26765060e+30f && max_abs_x * rs <= 6.64613997e+35f) return DivPath::kReciprocal;
+  return DivPath::kIeee;
+}
+// y[i] = |x[i]| / s for i < n, along `path` (one branch for the n elements).
+template <int n>
+MLAKV_HD void abs_div_n(const float* x, float s, float rs, DivPath path, float* y) {
+  if (path == DivPath::kPow2) {
+#if defined(__CUDA_ARCH__)
+    for (int i = 0; i < n; ++i) y[i] = __fmul_rn(fabs_f(x[i]), rs);
+#else
+    for (int i = 0; i < n; ++i) y[i] = fabs_f(x[i]) * rs;
+#endif
+  } else if (path == DivPath::kReciprocal) {
+    for (int i = 0; i < n; ++i) y[i] = div_rn_by_reciprocal(fabs_f(x[i]), s, rs);
+  } else {
+    for (int i = 0; i < n; ++i) y[i] = fabs_f(x[i]) / s;
+  }
+}
+MLAKV_HD float with_sign_of(float mag, float x) {
+  return f32_from_bits((f32_bits(mag) & 0x7FFFFFFFu) | (f32_bits(x) & 0x80000000u));
+}
+
+// Sixteen fp8_ds_mla codes (fp8_quantize(x[i], s)) as four little-endian u32, s the tile
+// scale (> 0: fp8_tile_scale never returns less than FLT_MIN).
+MLAKV_HD void fp8_codes16(const float* x, float s, float max_abs_x, uint32_t* w) {
+  const float rs = reciprocal_rn(s);
+  float y[16];
+  abs_div_n<16>(x, s, rs, div_path(s, max_abs_x, rs), y);
+  for (int k = 0; k < 4; ++k) {
+    const float* xk = x + 4 * k;
+    const float* yk = y + 4 * k;
+    w[k] = e4m3x2_satfinite(with_sign_of(yk[0], xk[0]), with_sign_of(yk[1], xk[1])) |
+           (e4m3x2_satfinite(with_sign_of(yk[2], xk[2]), with_sign_of(yk[3], xk[3])) << 16);
+  }
+}
+
+// One 16-dim nvfp4 group as encode_nvfp4_latent writes it: the scale code (returned) and
+// the 8 code bytes (two little-endian u32), for the divisor s > 0 (s_l, or s_t).
+MLAKV_HD uint8_t nvfp4_group_fast(const float* x, float s, uint32_t* w) {
+  namespace N = layout::nvfp4_ds_mla;
+  static_assert(N::kGroupDim == 16);
+  const float rs = reciprocal_rn(s);
+  DivPath path = div_path(s, 0.0f, rs);
+  if (path != DivPath::kPow2) {
+    float amax_x = 0.0f;
+    for (int i = 0; i < 16; ++i) amax_x = fmax_f(amax_x, fabs_f(x[i]));
+    path = div_path(s, amax_x, rs);
+  }
+  float y[16];  // |x| / s; max is exact, so amax_y is the scalar codec's amax of |y|
+  abs_div_n<16>(x, s, rs, path, y);
+  float amax_y = 0.0f;
+  for (int i = 0; i < 16; ++i) amax_y = fmax_f(amax_y, y[i]);
+  const uint8_t sf_code = nvfp4_group_scale_code(amax_y);
+  const float sf = e4m3_to_f32(sf_code);
+  w[0] = w[1] = 0;
+  if (sf == 0.0f) return sf_code;  // nvfp4_quantize: zero codes, no sign
+  // sf in [2^-9, 448]: div_rn_by_e4m3 is exact for every |y| >= 2^-12, i.e. every element
+  // whose code can be non-zero (q >= 1/8), and the tiny rest stays tiny (code 0); y <= 2^120. After the
+  // IEEE path y may be huge or Inf: the IEEE division again.
+  float q[16];
+  if (path == DivPath::kIeee) {
+    for (int i = 0; i < 16; ++i) q[i] = y[i] / sf;
+  } else {
+    const float rsf = reciprocal_rn(sf);
+    for (int i = 0; i < 16; ++i) q[i] = div_rn_by_e4m3(y[i], sf, rsf);
+  }
+  for (int i = 0; i < 16; ++i) {
+    const uint32_t c = e2m1_code(fabs_f(q[i]), x[i]);
+    w[i / 8] |= c << (4 * (i % 8));
+  }
+  return sf_code;
+}
+
+// The 368 B records' two rope codes of one writer lane (v0 in the low byte), with rs the
+// record's rope scale (rope_fp8_scale / rope_int8_scale of the rope's max |v|, >= 0):
+// rope_fp8_quantize / rope_int8_quantize of each, the division through div_path.
+template <KvFormat F>
+MLAKV_HD uint32_t rope_codes2(float v0, float v1, float rs, float max_abs_v) {
+  static_assert(F == KvFormat::kNvfp4DsMlaFp8Rope || F == KvFormat::kNvfp4DsMlaInt8Rope);
+  if (rs == 0.0f) return 0;
+  const float rrs = reciprocal_rn(rs);
+  const float v[2] = {v0, v1};
+  float y[2];
+  abs_div_n<2>(v, rs, rrs, div_path(rs, max_abs_v, rrs), y);
+  if constexpr (F == KvFormat::kNvfp4DsMlaFp8Rope) {
+    return e4m3x2_satfinite(with_sign_of(y[0], v0), with_sign_of(y[1], v1));
+  } else {
+    constexpr float kMax = static_cast<float>(layout::nvfp4_ds_mla_int8rope::kInt8Max);
+    uint32_t c = 0;
+    for (int i = 0; i < 2; ++i) {
+      const float q = with_sign_of(y[i] < kMax ? y[i] : kMax, v[i]);
+      c |= static_cast<uint32_t>(static_cast<uint8_t>(static_cast<int8_t>(round_half_even_small(q)))) << (8 * i);
+    }
+    return c;
+  }
 }
 
 // ---- whole records -------------------------------------------------------------------

@@ -27,6 +27,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -54,6 +55,7 @@
 #include "../support/attention_case.h"
 #include "../support/record_sweep.h"
 #include "record_reader_kernels.h"
+#include "writer_primitives_kernels.h"
 
 namespace mlakv {
 
@@ -1202,6 +1204,207 @@ TEST_F(Cuda, WritersApplyTheLatentTransformAsTheCpu) {
               *dt, nullptr);
           EXPECT_NE(bad.message().find("transform's s_l"), std::string::npos) << bad.to_string();
         }
+      }
+    }
+  }
+}
+
+// The writers' fast element primitives (format/record_codec.h) on the device against the
+// scalar codec on the device: every float32 through the hardware e4m3 / bf16 conversions
+// and the e2m1 rounding; the division through the reciprocal for every e4m3 group scale
+// over two whole binades of dividends and for 512 random divisors over a binade each.
+// NaN inputs are reported, not required (not specified on the device).
+TEST_F(Cuda, WriterPrimitivesEqualTheScalarCodec) {
+  unsigned long long counts[test::kNumPrimitiveChecks], first[test::kNumPrimitiveChecks];
+  ASSERT_EQ(test::check_writer_primitives(counts, first), 0);
+  const char* names[] = {"e4m3x2", "e4m3x2 (NaN in)", "bf16x2", "bf16x2 (NaN in)", "e2m1", "division by group scales",
+                         "division by s"};
+  for (int k = 0; k < test::kNumPrimitiveChecks; ++k) {
+    std::printf("  %-26s %llu mismatches%s\n", names[k], counts[k],
+                counts[k] ? fmt::format(" (first: input 0x{:08x}, got 0x{:x})", first[k] >> 32, first[k] & 0xFFFFFFFFu).c_str() : "");
+    if (k != test::kE4m3NaN && k != test::kBf16NaN) {
+      EXPECT_EQ(counts[k], 0u) << names[k];
+    }
+  }
+}
+
+// The writers on inputs built to hit every rounding edge: latent values on e2m1 / e4m3 ties
+// and their neighbours after the divisions, group and tile maxima at e4m3's subnormal,
+// normal and saturation edges, signed zeros, tiny and huge groups, zero tokens, outer scales
+// on every division path (powers of two, the reciprocal path, the IEEE fallback: 1e-20,
+// 1e35), both fp8 scale modes, the token-scale mode, and more tokens than the GPU holds
+// warps (each warp encodes several), with padding and a slot past the layer.
+TEST_F(Cuda, WritersAreByteIdenticalOnAdversarialInputs) {
+  const int n = 9001;
+  const int64_t cap = 9216;
+  std::mt19937 rng(31);
+  std::normal_distribution<float> nd;
+  std::uniform_int_distribution<int> pick(0, 9), nb(-2, 2);
+  const float ties[] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, 6.0f, 0.5f, 0.0625f};
+  std::vector<int64_t> perm(static_cast<std::size_t>(cap));
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::vector<int64_t> slots(perm.begin(), perm.begin() + n);
+  slots[17] = -1;
+  slots[4000] = cap;
+  std::vector<float> rope(static_cast<std::size_t>(n) * kRopeDim);
+  for (std::size_t i = 0; i < rope.size(); ++i) {
+    const int kind = static_cast<int>(i / kRopeDim) % 5;
+    rope[i] = kind == 0 ? 0.0f : (kind == 1 ? nd(rng) * 1e-30f : (kind == 2 ? nd(rng) * 1e30f : nd(rng)));
+    if (kind == 4 && i % 7 == 0) rope[i] = -0.0f;
+  }
+  for (KvFormat f : kFormats) {
+    for (float outer : {1.0f, 0.3f, 7.44e-6f, 1e-20f, 1e35f}) {
+      for (int m = 0; m < 3; ++m) {  // 0 pow2 fp8 / static, 1 exact fp8, 2 token-scale
+        const bool token_scale = m == 2;
+        if ((m == 1 && f != KvFormat::kFp8DsMla) || (token_scale && !is_nvfp4_format(f))) continue;
+        if (!format_info(f).has_outer_scale && outer != 1.0f) continue;
+        const Fp8ScaleMode mode = m == 1 ? Fp8ScaleMode::kExact : Fp8ScaleMode::kPow2;
+        const float s_l = format_info(f).has_outer_scale && !token_scale ? outer : 1.0f;
+        // The latent, with the values placed for this outer scale's divisions.
+        std::vector<float> lat(static_cast<std::size_t>(n) * kLatentDim);
+        for (int t = 0; t < n; ++t) {
+          for (int g = 0; g < 32; ++g) {
+            float* x = lat.data() + (static_cast<std::size_t>(t) * 32 + g) * 16;
+            const int kind = (t + g) % 9;
+            const float sf = e4m3_to_f32(static_cast<uint8_t>(1 + (t * 7 + g * 37) % kE4m3MaxCode));
+            const float unit = (m == 1 || f == KvFormat::kFp8DsMla) ? std::ldexp(1.0f, (t % 40) - 20) : sf * outer;
+            for (int i = 0; i < 16; ++i) {
+              float v;
+              if (t % 97 == 3 || kind == 0) {
+                v = 0.0f;
+              } else if (kind == 1) {
+                v = i % 2 ? -0.0f : 1e-38f * static_cast<float>(i);
+              } else if (kind == 2) {
+                v = nd(rng) * 1e30f;
+              } else {
+                v = (i == 0 ? 6.0f : ties[pick(rng)]) * unit;
+                v = std::bit_cast<float>(std::bit_cast<uint32_t>(v) + static_cast<uint32_t>(nb(rng)));
+                if (kind >= 7) v = nd(rng) * unit * 2.0f;
+              }
+              x[i] = i % 3 == 1 ? -v : v;
+            }
+          }
+        }
+        SCOPED_TRACE(fmt::format("{} outer {} mode {}", format_name(f), outer, m));
+        const int rb = record_bytes(f);
+        std::vector<uint8_t> want(static_cast<std::size_t>(cap) * rb, 0xAB);
+        for (int i = 0; i < n; ++i) {
+          const int64_t s = slots[static_cast<std::size_t>(i)];
+          if (s < 0 || s >= cap) continue;
+          codec::encode_record(f, lat.data() + static_cast<std::size_t>(i) * kLatentDim,
+                               rope.data() + static_cast<std::size_t>(i) * kRopeDim, s_l, mode, want.data() + s * rb,
+                               token_scale);
+        }
+        DeviceBuffer<uint8_t> d_cache(want.size());
+        CUDA_OK(cudaMemset(d_cache.ptr, 0xAB, want.size()));
+        DeviceBuffer<int64_t> d_slots(slots.size());
+        d_slots.upload(slots);
+        DeviceBuffer<float> d_lat(lat.size()), d_rope(rope.size());
+        d_lat.upload(lat);
+        d_rope.upload(rope);
+        DeviceBuffer<int> d_err(1);
+        CUDA_OK(cudaMemset(d_err.ptr, 0, sizeof(int)));
+        CacheLayerView v;
+        v.data = d_cache.ptr;
+        v.num_blocks = cap / 16;
+        v.block_size = 16;
+        v.record_bytes = rb;
+        v.format = f;
+        v.outer_scale = s_l;
+        v.token_scale = token_scale;
+        v.device = Device::cuda(0);
+        const Status st = cuda::write_cache(v, TensorView::contiguous(d_slots.ptr, DType::kI64, {n}, Device::cuda(0)),
+                                            TensorView::contiguous(d_lat.ptr, DType::kF32, {n, kLatentDim}, Device::cuda(0)),
+                                            TensorView::contiguous(d_rope.ptr, DType::kF32, {n, kRopeDim}, Device::cuda(0)),
+                                            mode, nullptr, d_err.ptr);
+        ASSERT_TRUE(st.ok()) << st.to_string();
+        CUDA_OK(cudaDeviceSynchronize());
+        EXPECT_EQ(d_err.download()[0], 1);
+        const auto got = d_cache.download();
+        for (std::size_t k = 0; k < got.size(); ++k) {
+          ASSERT_EQ(got[k], want[k]) << "byte " << k << " (slot " << k / static_cast<std::size_t>(rb) << ", offset "
+                                     << k % static_cast<std::size_t>(rb) << ")";
+        }
+      }
+    }
+  }
+}
+
+// The writer's nvfp4 subnormal-scale tally equals the CPU's check (nvfp4_scale_check, what
+// KvCache::write warns from) over the tokens written: groups of every size around the
+// subnormal edge amax_g = 6 * 2^-6 * s_l (and exactly on it), zero groups, several outer
+// scales; the warning text then is the CPU's. Other formats and token-scale mode leave it.
+TEST_F(Cuda, WriterTalliesTheNvfp4SubnormalScalesAsTheCpu) {
+  const int n = 5000;
+  std::mt19937 rng(41);
+  std::normal_distribution<float> nd;
+  std::vector<int64_t> slots(static_cast<std::size_t>(n));
+  std::iota(slots.begin(), slots.end(), 0);
+  slots[3] = -1;  // not written: not counted
+  for (float outer : {1.0f, 0.3f, 7.44e-6f}) {
+    std::vector<float> lat(static_cast<std::size_t>(n) * kLatentDim), rope(static_cast<std::size_t>(n) * kRopeDim, 0.5f);
+    for (int t = 0; t < n; ++t) {
+      for (int g = 0; g < 32; ++g) {
+        const float edge = 0.09375f * outer;  // amax / (6 s_l) = 2^-6
+        const int kind = (t + g) % 5;
+        const float scale = kind == 0 ? 0.0f : (kind == 1 ? edge : edge * std::exp(2.0f * nd(rng)));
+        for (int i = 0; i < 16; ++i) {
+          float v = kind == 1 ? (i == 5 ? edge : 0.5f * edge) : scale * nd(rng) * 0.3f;
+          if (kind == 1 && t % 2 == 1 && i == 5) v = std::nextafter(edge, 0.0f);
+          lat[(static_cast<std::size_t>(t) * 32 + g) * 16 + i] = v;
+        }
+      }
+    }
+    // The CPU check over the written rows.
+    std::vector<float> written;
+    for (int t = 0; t < n; ++t) {
+      if (slots[static_cast<std::size_t>(t)] < 0) continue;
+      written.insert(written.end(), lat.begin() + static_cast<std::ptrdiff_t>(t) * kLatentDim,
+                     lat.begin() + static_cast<std::ptrdiff_t>(t + 1) * kLatentDim);
+    }
+    const int64_t nw = static_cast<int64_t>(written.size()) / kLatentDim;
+    auto want = nvfp4_scale_check(TensorView::contiguous(written.data(), DType::kF32, {nw, kLatentDim}), outer);
+    ASSERT_TRUE(want.ok());
+    DeviceBuffer<int64_t> d_slots(slots.size());
+    d_slots.upload(slots);
+    DeviceBuffer<float> d_lat(lat.size()), d_rope(rope.size());
+    d_lat.upload(lat);
+    d_rope.upload(rope);
+    for (KvFormat f : kFormats) {
+      for (bool token_scale : {false, true}) {
+        if (token_scale && !is_nvfp4_format(f)) continue;
+        SCOPED_TRACE(fmt::format("{} outer {}{}", format_name(f), outer, token_scale ? " token-scale" : ""));
+        const int rb = record_bytes(f);
+        DeviceBuffer<uint8_t> d_cache(static_cast<std::size_t>(n) * rb);
+        DeviceBuffer<cuda::Nvfp4ScaleTally> d_tally(1);
+        CUDA_OK(cudaMemset(d_tally.ptr, 0, sizeof(cuda::Nvfp4ScaleTally)));
+        CacheLayerView v;
+        v.data = d_cache.ptr;
+        v.num_blocks = (n + 15) / 16;
+        v.block_size = 16;
+        v.record_bytes = rb;
+        v.format = f;
+        v.outer_scale = format_info(f).has_outer_scale && !token_scale ? outer : 1.0f;
+        v.token_scale = token_scale;
+        v.device = Device::cuda(0);
+        const Status st = cuda::write_cache(v, TensorView::contiguous(d_slots.ptr, DType::kI64, {n}, Device::cuda(0)),
+                                            TensorView::contiguous(d_lat.ptr, DType::kF32, {n, kLatentDim}, Device::cuda(0)),
+                                            TensorView::contiguous(d_rope.ptr, DType::kF32, {n, kRopeDim}, Device::cuda(0)),
+                                            Fp8ScaleMode::kPow2, nullptr, nullptr, d_tally.ptr);
+        ASSERT_TRUE(st.ok()) << st.to_string();
+        CUDA_OK(cudaDeviceSynchronize());
+        const Nvfp4ScaleCheck got = d_tally.download()[0].to_check();
+        if (!is_nvfp4_format(f) || token_scale) {
+          EXPECT_EQ(got.tokens, 0);
+          EXPECT_EQ(got.groups, 0);
+          continue;
+        }
+        EXPECT_EQ(got.tokens, want->tokens);
+        EXPECT_EQ(got.groups, want->groups);
+        EXPECT_EQ(got.subnormal_groups, want->subnormal_groups);
+        EXPECT_EQ(got.max_abs, want->max_abs);
+        EXPECT_EQ(nvfp4_scale_warning(f, got, outer), nvfp4_scale_warning(f, *want, outer));
       }
     }
   }

@@ -2,6 +2,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstddef>
+#include <cstring>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -16,7 +18,7 @@ namespace {
 
 Status write_cache_impl(const CacheLayerView& layer, const TensorView& slots, const TensorView& latent,
                         const TensorView& rope, Fp8ScaleMode fp8_scales, const DeviceLatentTransform* transform,
-                        void* stream, int* error_count) {
+                        void* stream, int* error_count, Nvfp4ScaleTally* tally) {
   MLAKV_RETURN_IF_ERROR(check_cache_view(layer, "cache"));
   if (layer.device.type != DeviceType::kCuda) {
     return invalid_argument(fmt::format("cache: expected a CUDA cache layer, got {}", device_name(layer.device)));
@@ -51,6 +53,11 @@ Status write_cache_impl(const CacheLayerView& layer, const TensorView& slots, co
                           nullptr,
                           nullptr,
                           false};
+  static_assert(sizeof(Nvfp4ScaleTally) == 4 * sizeof(unsigned long long) &&
+                offsetof(Nvfp4ScaleTally, max_abs_bits) == 3 * sizeof(unsigned long long));
+  if (tally != nullptr && is_nvfp4_format(layer.format) && !layer.token_scale) {
+    p.tally = reinterpret_cast<unsigned long long*>(tally);
+  }
   if (transform != nullptr) {
     if (transform->device() != layer.device.index) {
       return invalid_argument(fmt::format("transform: uploaded to cuda:{}, the cache is on {}", transform->device(),
@@ -72,14 +79,26 @@ Status write_cache_impl(const CacheLayerView& layer, const TensorView& slots, co
 }  // namespace
 
 Status write_cache(const CacheLayerView& layer, const TensorView& slots, const TensorView& latent,
-                   const TensorView& rope, Fp8ScaleMode fp8_scales, void* stream, int* error_count) {
-  return write_cache_impl(layer, slots, latent, rope, fp8_scales, nullptr, stream, error_count);
+                   const TensorView& rope, Fp8ScaleMode fp8_scales, void* stream, int* error_count,
+                   Nvfp4ScaleTally* scale_tally) {
+  return write_cache_impl(layer, slots, latent, rope, fp8_scales, nullptr, stream, error_count, scale_tally);
 }
 
 Status write_cache(const CacheLayerView& layer, const TensorView& slots, const TensorView& latent,
                    const TensorView& rope, Fp8ScaleMode fp8_scales, const DeviceLatentTransform& transform,
-                   void* stream, int* error_count) {
-  return write_cache_impl(layer, slots, latent, rope, fp8_scales, &transform, stream, error_count);
+                   void* stream, int* error_count, Nvfp4ScaleTally* scale_tally) {
+  return write_cache_impl(layer, slots, latent, rope, fp8_scales, &transform, stream, error_count, scale_tally);
+}
+
+Nvfp4ScaleCheck Nvfp4ScaleTally::to_check() const {
+  Nvfp4ScaleCheck c;
+  c.tokens = static_cast<int64_t>(tokens);
+  c.groups = static_cast<int64_t>(groups);
+  c.subnormal_groups = static_cast<int64_t>(subnormal_groups);
+  float m = 0.0f;
+  std::memcpy(&m, &max_abs_bits, sizeof m);
+  c.max_abs = m;
+  return c;
 }
 
 // ---- DeviceLatentTransform ----------------------------------------------------------------

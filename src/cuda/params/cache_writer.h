@@ -29,6 +29,8 @@ struct WriterParams {
   const float* t_gain = nullptr;       // [512] device
   const float* t_rope_gain = nullptr;  // [64] device, or null: rope unrotated
   bool t_rotate = false;
+  // The nvfp4 subnormal-scale tally (include/mlakv/cuda.h), device, or null.
+  unsigned long long* tally = nullptr;  // [tokens, groups, subnormal_groups, (max |latent| bits) as u32 pair]
 };
 
 }  // namespace mlakv::cuda::kernels

@@ -1,9 +1,14 @@
 // Cache writers: one warp per token, one launch per layer per step. Every rounding
-// goes through the host/device primitives of format/record_codec.h, so the bytes equal
-// the CPU codec's (tests/cuda/cuda_harness.cc checks it). Lane l of the warp owns the
+// goes through the host/device primitives of format/record_codec.h (the writers' fast
+// ones: hardware e4m3 / bf16 conversions, divisions through a reciprocal where that is
+// the IEEE quotient), so the bytes equal the CPU codec's (tests/cuda/cuda_harness.cc). Lane l of the warp owns the
 // record parts common/record_part.cuh names (record::Lane): latent dims [16l, 16l+16),
 // rope dims [2l, 2l+2).
 #include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <type_traits>
 
 #include "cuda/common/dispatch_format.h"
 #include "cuda/common/record_part.cuh"
@@ -79,46 +84,85 @@ __device__ __forceinline__ void load_run(const void* base, int64_t off, bool bf1
 // latent / rope: (c - mu) * gain, then fwht's butterflies in its order (h = 1, 2, 4, ...;
 // the lower element of a pair gets a + b, the upper a - b). Lane l holds dims
 // [16l, 16l + 16) of the latent - stages h < 16 inside the lane, h = 16m across lanes
-// l and l ^ m - and dims [2l, 2l + 2) of the rope (h = 1 inside, h = 2m across).
-__device__ __forceinline__ void butterflies_across_lanes(float* x, int n, int lane, int first_mask) {
-  for (int m = first_mask; m < 32; m *= 2) {
-#pragma unroll
-    for (int i = 0; i < n; ++i) {
-      const float o = __shfl_xor_sync(0xFFFFFFFFu, x[i], m);
-      x[i] = (lane & m) ? __fsub_rn(o, x[i]) : __fadd_rn(x[i], o);
+// l and l ^ m - and dims [2l, 2l + 2) of the rope (h = 1 inside, h = 2m across). Across
+// lanes one fused multiply-add per value: fma(+1, x, o) = RN(x + o) on the lower lane,
+// fma(-1, x, o) = RN(o - x) on the upper (the products are exact).
+// The factors live in shared memory, loaded once per block (every block loops over many
+// tokens): lane l's 16 mu / gain values as float4 k = 0..3 at [k][l], so a warp's loads of
+// one k are 512 consecutive bytes (no bank conflicts), and its two RoPE gains at [l].
+struct TransformSmem {
+  float4 mu[kLaneDims / 4][32];
+  float4 g[kLaneDims / 4][32];
+  float2 rg[32];
+};
+template <bool kOn>
+struct LaneTransform {
+  __device__ void load(const WriterParams&, TransformSmem*) {}
+};
+template <>
+struct LaneTransform<true> {
+  const TransformSmem* sm;
+  bool rotate, rope;
+  // Every thread of the block calls it (it synchronizes the block).
+  __device__ void load(const WriterParams& p, TransformSmem* smem) {
+    const int tid = threadIdx.x;
+    static_assert(kWarpsPerBlock * 32 == 32 * (kLaneDims / 4), "one float4 of mu and of gain per thread");
+    const int k = tid / 32, l = tid % 32;
+    const float* m = p.t_mu + kLaneDims * l + 4 * k;
+    const float* g = p.t_gain + kLaneDims * l + 4 * k;
+    smem->mu[k][l] = make_float4(m[0], m[1], m[2], m[3]);
+    smem->g[k][l] = make_float4(g[0], g[1], g[2], g[3]);
+    if (tid < 32) {
+      smem->rg[tid] = p.t_rope_gain != nullptr ? make_float2(p.t_rope_gain[2 * tid], p.t_rope_gain[2 * tid + 1])
+                                               : make_float2(1.0f, 1.0f);
     }
+    __syncthreads();
+    sm = smem;
+    rotate = p.t_rotate;
+    rope = p.t_rope_gain != nullptr;
+  }
+};
+
+template <int N>
+__device__ __forceinline__ void butterflies_across_lanes(float (&x)[N], int lane) {
+#pragma unroll
+  for (int m = 1; m < 32; m *= 2) {
+    const float sgn = (lane & m) ? -1.0f : 1.0f;
+#pragma unroll
+    for (int i = 0; i < N; ++i) x[i] = __fmaf_rn(sgn, x[i], __shfl_xor_sync(0xFFFFFFFFu, x[i], m));
   }
 }
 
-__device__ __forceinline__ void transform_latent(const WriterParams& p, int lane, float (&x)[record::kLaneLatentDims]) {
-  constexpr int n = record::kLaneLatentDims;
-  float mu[n], g[n];
-  load_run(p.t_mu, int64_t{n} * lane, false, mu);
-  load_run(p.t_gain, int64_t{n} * lane, false, g);
+__device__ __forceinline__ void transform_latent(const LaneTransform<true>& tf, int lane, float (&x)[kLaneDims]) {
 #pragma unroll
-  for (int i = 0; i < n; ++i) x[i] = __fmul_rn(__fsub_rn(x[i], mu[i]), g[i]);
-  if (!p.t_rotate) return;
+  for (int k = 0; k < kLaneDims / 4; ++k) {
+    const float4 m = tf.sm->mu[k][lane], g = tf.sm->g[k][lane];
+    x[4 * k] = __fmul_rn(__fsub_rn(x[4 * k], m.x), g.x);
+    x[4 * k + 1] = __fmul_rn(__fsub_rn(x[4 * k + 1], m.y), g.y);
+    x[4 * k + 2] = __fmul_rn(__fsub_rn(x[4 * k + 2], m.z), g.z);
+    x[4 * k + 3] = __fmul_rn(__fsub_rn(x[4 * k + 3], m.w), g.w);
+  }
+  if (!tf.rotate) return;
 #pragma unroll
-  for (int h = 1; h < n; h *= 2) {
+  for (int h = 1; h < kLaneDims; h *= 2) {
 #pragma unroll
-    for (int i = 0; i < n; ++i) {
+    for (int i = 0; i < kLaneDims; ++i) {
       if (i & h) continue;
       const float a = x[i], b = x[i + h];
       x[i] = __fadd_rn(a, b);
       x[i + h] = __fsub_rn(a, b);
     }
   }
-  butterflies_across_lanes(x, n, lane, 1);
+  butterflies_across_lanes(x, lane);
 }
 
-__device__ __forceinline__ void transform_rope(const WriterParams& p, int lane, float (&r)[record::kLaneRopeDims]) {
-  if (p.t_rope_gain == nullptr) return;
-  float g[2];
-  load_run(p.t_rope_gain, int64_t{2} * lane, false, g);
-  const float a = __fmul_rn(r[0], g[0]), b = __fmul_rn(r[1], g[1]);
+__device__ __forceinline__ void transform_rope(const LaneTransform<true>& tf, int lane, float (&r)[kLaneRope]) {
+  if (!tf.rope) return;
+  const float2 rg = tf.sm->rg[lane];
+  const float a = __fmul_rn(r[0], rg.x), b = __fmul_rn(r[1], rg.y);
   r[0] = __fadd_rn(a, b);
   r[1] = __fsub_rn(a, b);
-  butterflies_across_lanes(r, 2, lane, 1);
+  butterflies_across_lanes(r, lane);
 }
 
 __device__ __forceinline__ float warp_max(float v, int width) {
@@ -126,128 +170,110 @@ __device__ __forceinline__ float warp_max(float v, int width) {
   return v;
 }
 
-template <KvFormat F>
-__global__ void __launch_bounds__(kWarpsPerBlock * 32) write_cache_kernel(WriterParams p) {
-  const int lane = threadIdx.x & 31;
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
-  if (t >= p.n) return;
-  const int64_t slot = p.slots[t];
-  if (slot < 0) return;  // padding
-  if (slot >= p.num_slots) {
-    if (lane == 0 && p.error_count != nullptr) atomicAdd(p.error_count, 1);
-    return;
+// A lane's part of the nvfp4 subnormal-scale tally (WriterParams::tally), over the tokens
+// its warp encodes: its group's max |latent| against 6 * 2^-6 s_l, in double as
+// nvfp4_scale_check computes it on the CPU.
+struct LaneTally {
+  unsigned tokens = 0, groups = 0, subnormal = 0;
+  float max_abs = 0.0f;
+  __device__ void add(const float (&x)[kLaneDims], float outer_scale) {
+    float a = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kLaneDims; ++i) a = fmaxf(a, fabsf(x[i]));
+    ++tokens;
+    if (a != 0.0f) {
+      ++groups;
+      if (static_cast<double>(a) / static_cast<double>(outer_scale) / 6.0 < 0.015625) ++subnormal;
+    }
+    max_abs = fmaxf(max_abs, a);
   }
-  uint8_t* rec = p.cache + slot * p.record_bytes;
-  const int64_t lo = t * p.latent_stride, ro = t * p.rope_stride;
+  // The warp's sums into the device tally (every lane calls it).
+  __device__ void flush(unsigned long long* tally, int lane) const {
+    const unsigned g = __reduce_add_sync(0xFFFFFFFFu, groups), sub = __reduce_add_sync(0xFFFFFFFFu, subnormal);
+    const unsigned m = __reduce_max_sync(0xFFFFFFFFu, __float_as_uint(max_abs));
+    if (lane == 0 && tokens != 0) {
+      atomicAdd(tally, static_cast<unsigned long long>(tokens));
+      atomicAdd(tally + 1, static_cast<unsigned long long>(g));
+      atomicAdd(tally + 2, static_cast<unsigned long long>(sub));
+      atomicMax(reinterpret_cast<unsigned*>(tally + 3), m);
+    }
+  }
+};
 
+// One token: lane `lane`'s parts of record `rec`.
+template <KvFormat F, bool kTf>
+__device__ __forceinline__ void encode_token(const WriterParams& p, const LaneTransform<kTf>& tf, int lane, int64_t t,
+                                             uint8_t* rec, LaneTally& tally) {
+  const int64_t lo = t * p.latent_stride, ro = t * p.rope_stride;
+  float x[kLaneDims];
+  load_run(p.latent, lo + kLaneDims * lane, p.bf16_input, x);
+  float r[kLaneRope];
+  load_run(p.rope, ro + kLaneRope * lane, p.bf16_input, r);
+  if constexpr (kTf) {
+    transform_latent(tf, lane, x);
+    transform_rope(tf, lane, r);
+  }
   if constexpr (F == KvFormat::kBf16) {
     // Lane l: latent dims [16l, 16l+16) -> bytes [32l, 32l+32); rope dims [2l, 2l+2).
-    float x[kLaneDims];
-    load_run(p.latent, lo + kLaneDims * lane, p.bf16_input, x);
-    if (p.t_gain != nullptr) transform_latent(p, lane, x);
     uint32_t w[kLaneDims / 2];
 #pragma unroll
-    for (int k = 0; k < kLaneDims / 2; ++k) {
-      w[k] = static_cast<uint32_t>(f32_to_bf16(x[2 * k])) | (static_cast<uint32_t>(f32_to_bf16(x[2 * k + 1])) << 16);
-    }
+    for (int k = 0; k < kLaneDims / 2; ++k) w[k] = codec::bf16x2_rn(x[2 * k], x[2 * k + 1]);
     uint4* dst = reinterpret_cast<uint4*>(rec + record::Parts<F>::kLatentOffset + 2 * kLaneDims * lane);
     dst[0] = make_uint4(w[0], w[1], w[2], w[3]);
     dst[1] = make_uint4(w[4], w[5], w[6], w[7]);
-    float r[kLaneRope];
-    load_run(p.rope, ro + kLaneRope * lane, p.bf16_input, r);
-    if (p.t_gain != nullptr) transform_rope(p, lane, r);
-    reinterpret_cast<uint32_t*>(rec + record::Parts<F>::kRopeOffset)[lane] =
-        static_cast<uint32_t>(f32_to_bf16(r[0])) | (static_cast<uint32_t>(f32_to_bf16(r[1])) << 16);
+    reinterpret_cast<uint32_t*>(rec + record::Parts<F>::kRopeOffset)[lane] = codec::bf16x2_rn(r[0], r[1]);
   } else if constexpr (F == KvFormat::kFp8DsMla) {
     using P = record::Parts<F>;
     using Ln = record::Lane<F>;
     constexpr int kLanesPerTile = record::kLanesPerScale<F>;  // 8 lanes per 128-dim tile
     // Lane l: dims [16l, 16l+16); tile = l / 8.
-    float x[kLaneDims];
-    load_run(p.latent, lo + kLaneDims * lane, p.bf16_input, x);
-    if (p.t_gain != nullptr) transform_latent(p, lane, x);
-    float amax = 0.0f;
+    float lane_amax = 0.0f;
 #pragma unroll
-    for (int i = 0; i < kLaneDims; ++i) amax = fmaxf(amax, fabsf(x[i]));
-    amax = warp_max(amax, kLanesPerTile);
+    for (int i = 0; i < kLaneDims; ++i) lane_amax = fmaxf(lane_amax, fabsf(x[i]));
+    const float amax = warp_max(lane_amax, kLanesPerTile);
     const float s = codec::fp8_tile_scale(amax, p.fp8_mode);
     uint32_t w[4];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      w[k] = 0;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) w[k] |= static_cast<uint32_t>(codec::fp8_quantize(x[4 * k + j], s)) << (8 * j);
-    }
+    codec::fp8_codes16(x, s, lane_amax, w);
     *reinterpret_cast<uint4*>(rec + P::kLatentOffset + Ln::kLatentBytes * lane) = make_uint4(w[0], w[1], w[2], w[3]);
     if ((lane & (kLanesPerTile - 1)) == 0) {
       *reinterpret_cast<float*>(rec + P::kScaleOffset + P::kScaleBytes * (lane / kLanesPerTile)) = s;
     }
-    float r[kLaneRope];
-    load_run(p.rope, ro + kLaneRope * lane, p.bf16_input, r);
-    if (p.t_gain != nullptr) transform_rope(p, lane, r);
-    const uint32_t r2 = static_cast<uint32_t>(f32_to_bf16(r[0])) | (static_cast<uint32_t>(f32_to_bf16(r[1])) << 16);
-    reinterpret_cast<uint32_t*>(rec + P::kRopeOffset)[lane] = r2;
+    reinterpret_cast<uint32_t*>(rec + P::kRopeOffset)[lane] = codec::bf16x2_rn(r[0], r[1]);
   } else {
     static_assert(is_nvfp4_format(F));
     using P = record::Parts<F>;
     using Ln = record::Lane<F>;
     static_assert(record::kLanesPerScale<F> == 1);
     // Lane g: group g (dims [16g, 16g+16)) -> bytes [8g, 8g+8) and scale byte 256+g.
-    float x[kLaneDims];
-    load_run(p.latent, lo + kLaneDims * lane, p.bf16_input, x);
-    if (p.t_gain != nullptr) transform_latent(p, lane, x);
-    float lane_amax = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kLaneDims; ++i) lane_amax = fmaxf(lane_amax, fabsf(x[i]));
     // The divisor: s_l, or in token-scale mode s_t = token_amax * f32(1/2688) (the max over
     // the warp is exact, so s_t equals the scalar codec's nvfp4_token_scale).
     float s = p.outer_scale;
-    if (p.token_scale) s = warp_max(lane_amax, 32) * layout::nvfp4_token_scale::kFactor;
+    if (p.token_scale) {
+      float lane_amax = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kLaneDims; ++i) lane_amax = fmaxf(lane_amax, fabsf(x[i]));
+      s = warp_max(lane_amax, 32) * layout::nvfp4_token_scale::kFactor;
+    }
+    if (p.tally != nullptr) tally.add(x, s);  // set outside token-scale mode only (s = s_l)
     uint8_t sf_code = 0;
     uint32_t w[2] = {0, 0};
-    if (s != 0.0f) {  // s_t = 0: an all-zero latent, zero codes and scales (as the codec)
-      float y[kLaneDims];
-      float amax = 0.0f;
-#pragma unroll
-      for (int i = 0; i < kLaneDims; ++i) {
-        y[i] = x[i] / s;
-        amax = fmaxf(amax, fabsf(y[i]));
-      }
-      sf_code = codec::nvfp4_group_scale_code(amax);
-      const float sf = e4m3_to_f32(sf_code);
-#pragma unroll
-      for (int i = 0; i < kLaneDims; i += 2) {
-        const uint32_t b = codec::nvfp4_quantize(y[i], sf) | (codec::nvfp4_quantize(y[i + 1], sf) << 4);
-        w[i / 8] |= b << (8 * ((i / 2) % 4));
-      }
-    }
+    if (s != 0.0f) sf_code = codec::nvfp4_group_fast(x, s, w);  // s_t = 0: an all-zero latent, zero codes and scales
     *reinterpret_cast<uint2*>(rec + P::kLatentOffset + Ln::kLatentBytes * lane) = make_uint2(w[0], w[1]);
     rec[P::kScaleOffset + lane] = sf_code;
     // The token scale's bits, or zero: the first u32 of the pad at kTokenScaleOffset.
     const uint32_t ts_bits = p.token_scale ? f32_bits(s) : 0u;
-    float r[kLaneRope];
-    load_run(p.rope, ro + kLaneRope * lane, p.bf16_input, r);
-    if (p.t_gain != nullptr) transform_rope(p, lane, r);
     const float v0 = r[0], v1 = r[1];
     if constexpr (F == KvFormat::kNvfp4DsMla) {
       static_assert(record::kTokenScaleOffset == P::kPadOffset + 4, "432 B: s_t is the pad's second u32");
       if (lane == 0) *reinterpret_cast<uint4*>(rec + P::kPadOffset) = make_uint4(0, ts_bits, 0, 0);  // 16 pad bytes
-      reinterpret_cast<uint32_t*>(rec + P::kRopeOffset)[lane] =
-          static_cast<uint32_t>(f32_to_bf16(v0)) | (static_cast<uint32_t>(f32_to_bf16(v1)) << 16);
+      reinterpret_cast<uint32_t*>(rec + P::kRopeOffset)[lane] = codec::bf16x2_rn(v0, v1);
     } else {
       static_assert(F == KvFormat::kNvfp4DsMlaFp8Rope || F == KvFormat::kNvfp4DsMlaInt8Rope);
       static_assert(record::kTokenScaleOffset == P::kPadOffset, "368 B: s_t is the pad's first u32");
-      const float ramax = warp_max(fmaxf(fabsf(v0), fabsf(v1)), 32);
-      uint16_t codes;
-      float rs;
-      if constexpr (F == KvFormat::kNvfp4DsMlaFp8Rope) {
-        rs = codec::rope_fp8_scale(ramax);
-        codes = static_cast<uint16_t>(codec::rope_fp8_quantize(v0, rs) | (codec::rope_fp8_quantize(v1, rs) << 8));
-      } else {
-        rs = codec::rope_int8_scale(ramax);
-        codes = static_cast<uint16_t>(static_cast<uint8_t>(codec::rope_int8_quantize(v0, rs)) |
-                                      (static_cast<uint8_t>(codec::rope_int8_quantize(v1, rs)) << 8));
-      }
+      const float lane_ramax = fmaxf(fabsf(v0), fabsf(v1));
+      const float ramax = warp_max(lane_ramax, 32);
+      const float rs = F == KvFormat::kNvfp4DsMlaFp8Rope ? codec::rope_fp8_scale(ramax) : codec::rope_int8_scale(ramax);
+      const uint16_t codes = static_cast<uint16_t>(codec::rope_codes2<F>(v0, v1, rs, lane_ramax));
       if (lane == 0) {
         *reinterpret_cast<float*>(rec + P::kRopeScaleOffset) = rs;
         *reinterpret_cast<uint32_t*>(rec + P::kPadOffset) = ts_bits;  // 12 pad bytes: 4 (s_t or 0) + 8
@@ -258,15 +284,62 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) write_cache_kernel(Writer
   }
 }
 
+// Each warp encodes tokens warp, warp + W, warp + 2W, ... (W warps in the grid, sized to
+// what the GPU holds at once), so the transform's factors are loaded once per block.
+template <KvFormat F, bool kTf>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32) write_cache_kernel(WriterParams p) {
+  const int lane = threadIdx.x & 31;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
+  __shared__ std::conditional_t<kTf, TransformSmem, int> smem;
+  LaneTransform<kTf> tf;
+  if constexpr (kTf) tf.load(p, &smem);
+  LaneTally tally;
+  for (int64_t t = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5); t < p.n; t += stride) {
+    const int64_t slot = p.slots[t];
+    if (slot < 0) continue;  // padding
+    if (slot >= p.num_slots) {
+      if (lane == 0 && p.error_count != nullptr) atomicAdd(p.error_count, 1);
+      continue;
+    }
+    encode_token<F, kTf>(p, tf, lane, t, p.cache + slot * p.record_bytes, tally);
+  }
+  if constexpr (is_nvfp4_format(F)) {
+    if (p.tally != nullptr) tally.flush(p.tally, lane);
+  }
+}
+
+// Resident blocks per SM of one kernel on the current device (looked up once per kernel:
+// the writers run on one architecture per process in practice; a wrong count only costs
+// speed).
+template <KvFormat F, bool kTf>
+int grid_blocks(int64_t n) {
+  static std::atomic<int> per_sm{0}, sms{0};
+  if (per_sm.load(std::memory_order_relaxed) == 0) {
+    int b = 0, dev = 0, c = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, write_cache_kernel<F, kTf>, kWarpsPerBlock * 32, 0) != cudaSuccess || b < 1) b = 1;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&c, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || c < 1) c = 1;
+    sms.store(c, std::memory_order_relaxed);
+    per_sm.store(b, std::memory_order_relaxed);
+  }
+  const int64_t full = (n + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  const int64_t resident = static_cast<int64_t>(per_sm.load(std::memory_order_relaxed)) * sms.load(std::memory_order_relaxed);
+  return static_cast<int>(std::max<int64_t>(1, std::min(full, resident)));
+}
+
 }  // namespace
 
 int launch_write_cache(KvFormat format, const WriterParams& p, void* stream) {
   if (p.n == 0) return 0;
-  const dim3 grid(static_cast<unsigned>((p.n + kWarpsPerBlock - 1) / kWarpsPerBlock));
   const dim3 block(kWarpsPerBlock * 32);
   cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const bool tf = p.t_gain != nullptr;
   return dispatch_format<KernelSet::kAll>(format, int{cudaErrorInvalidValue}, [&](auto tag) {
-    write_cache_kernel<decltype(tag)::value><<<grid, block, 0, s>>>(p);
+    constexpr KvFormat F = decltype(tag)::value;
+    if (tf) {
+      write_cache_kernel<F, true><<<grid_blocks<F, true>(p.n), block, 0, s>>>(p);
+    } else {
+      write_cache_kernel<F, false><<<grid_blocks<F, false>(p.n), block, 0, s>>>(p);
+    }
     return static_cast<int>(cudaGetLastError());
   });
 }
