@@ -825,7 +825,10 @@ TEST(CalibrateLatentTransform, SeedSelectionKeepsTheLowestCalibrationKld) {
     auto ft = m->fold_latent_transform(a->transform);
     ASSERT_TRUE(ft.ok());
     std::vector<EvalCacheSpec> specs = {{KvFormat::kNvfp4DsMla, {}, "x", std::move(ft).value(), "mlakv"}};
-    auto rep = evaluate(*m, std::span<const int32_t>(toks).subspan(64), specs, {.context = 32, .windows = 2});
+    EvalOptions eo;  // the calibration's own settings: context 32, 2 windows, the default block size
+    eo.context = 32;
+    eo.windows = 2;
+    auto rep = evaluate(*m, std::span<const int32_t>(toks).subspan(64), specs, eo);
     ASSERT_TRUE(rep.ok()) << rep.status().to_string();
     kld.push_back(rep->rows[0].kld.kld_mean());
     alone.push_back(std::move(a).value());
