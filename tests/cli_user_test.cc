@@ -421,18 +421,27 @@ TEST_F(CliUser, Nvfp4WithoutOuterScaleOnSmallLatentsWarns) {
 
 // A copy of the deepseek_v3 parity fixture, with kv_a_layernorm scaled by `norm_scale`
 // (a power of two: exact in bf16) and, with `mtp`, the layer moved to index 1 as the MTP
-// layer of a one-layer model.
-std::string fixture_copy(const std::filesystem::path& dir, float norm_scale, bool mtp) {
+// layer of a one-layer model. `compensate`: kv_b_proj's fp8 block scales (weight_scale_inv,
+// f32) divided by `norm_scale` too (exact), so that the copy computes the same function with
+// its latents norm_scale times the original's (`mlakv reparam`'s rewrite).
+std::string fixture_copy(const std::filesystem::path& dir, float norm_scale, bool mtp, bool compensate = false) {
   const std::string src = std::string(MLAKV_TEST_DATA_DIR) + "/hf_parity/deepseek_v3";
   std::filesystem::create_directories(dir);
   auto f = SafetensorsFile::open(src + "/model.safetensors");
   EXPECT_TRUE(f.ok());
   std::vector<std::vector<uint16_t>> keep;
+  std::vector<std::vector<float>> keep_f32;
   std::vector<std::pair<std::string, TensorView>> tensors;
   for (const std::string& name : (*f)->names()) {
     TensorView t = *(*f)->find(name);
     std::string out = name;
     if (mtp) out.replace(out.find("layers.0."), 9, "layers.1.");
+    if (compensate && name.find("kv_b_proj.weight_scale_inv") != std::string::npos) {
+      EXPECT_EQ(t.dtype, DType::kF32);
+      keep_f32.emplace_back(t.ptr<const float>(), t.ptr<const float>() + t.numel());
+      for (float& v : keep_f32.back()) v /= norm_scale;
+      t = TensorView::contiguous(keep_f32.back().data(), DType::kF32, {t.size(0), t.size(1)});
+    }
     if (name.find("kv_a_layernorm.weight") != std::string::npos) {
       keep.emplace_back(static_cast<std::size_t>(t.numel()));
       for (int64_t i = 0; i < t.numel(); ++i) {
@@ -464,6 +473,74 @@ TEST_F(CliUser, LayerForwardWarnsNamingTheLayerAndTheScale) {
           path("z.safetensors") + " --format nvfp4_ds_mla");
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_EQ(r.err.find("warning"), std::string::npos) << r.err;
+}
+
+// layer-forward --format NAME+token-scale: the per-token scale mode (s_t = amax / 2688 per
+// record). Exact expectation: the mode is invariant to the latents' magnitude, so on the
+// fixture rewritten function-preservingly with latents 2^-8 as large (kv_a_layernorm x 2^-8,
+// kv_b_proj x 2^8: every scaling a power of two, so every rounding in the writer, the reader
+// and the attention scales with it) the output is bit-identical to the original's, as the
+// f32 cache's is; the plain mode at outer scale 1 is not (its e4m3 group scales fall into
+// subnormals, and it warns), and its error against the f32 output grows.
+TEST_F(CliUser, LayerForwardTokenScaleModeIsInvariantToTheLatentMagnitude) {
+  const std::string src = std::string(MLAKV_TEST_DATA_DIR) + "/hf_parity/deepseek_v3";
+  const std::string m = fixture_copy(dir_ / "small_same_function", 1.0f / 256, false, /*compensate=*/true);
+  std::map<std::string, std::vector<float>> outs;
+  auto forward = [&](const std::string& model, const std::string& format, const std::string& key,
+                     bool expect_warning = false) {
+    const std::string out = path((key + ".safetensors").c_str());
+    CliRun r = run("layer-forward --model " + model + " --layer 0 --threads 1 --input " + model +
+                   "/io.safetensors --output " + out + " --format " + format + " --json");
+    EXPECT_EQ(r.rc, 0) << key << ": " << r.err;
+    EXPECT_EQ(r.err.find("warning") != std::string::npos, expect_warning) << key << ": " << r.err;
+    if (r.rc != 0) return;
+    const Json j = json_of(r);
+    EXPECT_EQ(j["token_scale"], format.ends_with("+token-scale")) << key;
+    EXPECT_EQ(j["outer_scale"].get<double>(), 1.0) << key;
+    auto y = SafetensorsFile::open(out);
+    ASSERT_TRUE(y.ok());
+    const TensorView t = *(*y)->find("output");
+    outs[key].assign(t.ptr<const float>(), t.ptr<const float>() + t.numel());
+    EXPECT_EQ((*y)->metadata().at("token_scale"), format.ends_with("+token-scale") ? "true" : "false") << key;
+  };
+  auto max_diff = [&](const std::string& a, const std::string& b) {
+    double e = 0;
+    for (std::size_t i = 0; i < outs[a].size(); ++i)
+      e = std::max(e, std::fabs(static_cast<double>(outs[a][i]) - outs[b][i]));
+    return e;
+  };
+  forward(src, "f32", "f32");
+  forward(m, "f32", "f32_small");
+  ASSERT_FALSE(outs["f32"].empty());
+  EXPECT_EQ(max_diff("f32", "f32_small"), 0.0) << "the rewritten fixture computes the same function";
+  for (const std::string f : {"nvfp4_ds_mla", "nvfp4_ds_mla_fp8rope", "nvfp4_ds_mla_int8rope"}) {
+    forward(src, f + "+token-scale", f + "_ts");
+    forward(m, f + "+token-scale", f + "_ts_small");
+    forward(src, f, f);
+    forward(m, f, f + "_small", /*expect_warning=*/true);
+    EXPECT_EQ(max_diff(f + "_ts", f + "_ts_small"), 0.0) << f << ": the token-scale output moved with the magnitude";
+    const double e_ts = max_diff(f + "_ts", "f32"), e_plain = max_diff(f, "f32"),
+                 e_small = max_diff(f + "_small", "f32");
+    EXPECT_GT(e_ts, 0.0) << f << ": the mode is lossy";
+    // The plain mode at outer scale 1 on the original latents is about as good (0.27 vs 0.26
+    // when written); on the small ones its error more than doubles (0.66), the mode's does not move.
+    EXPECT_GT(e_small, 2 * e_plain) << f;
+    EXPECT_GT(e_small, 2 * e_ts) << f;
+  }
+  // Refused: the mode on a format without it, and beside a calibration file.
+  CliRun r = run("layer-forward --model " + src + " --layer 0 --input " + src + "/io.safetensors --output " +
+                 path("x.safetensors") + " --format fp8_ds_mla+token-scale");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("--format fp8_ds_mla+token-scale: +token-scale is a mode of the nvfp4 formats only"),
+            std::string::npos)
+      << r.err;
+  write_text("scales.json", R"({"format": "nvfp4_ds_mla_outer_scale_v1", "num_layers": 1, "latent_dim": 512,
+                                 "denominator": 2688.0, "scales": [0.001]})");
+  r = run("layer-forward --model " + src + " --layer 0 --input " + src + "/io.safetensors --output " +
+          path("x.safetensors") + " --format nvfp4_ds_mla+token-scale --scales " + path("scales.json"));
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("the per-token scale mode replaces the outer scale"), std::string::npos) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(path("x.safetensors")));
 }
 
 TEST_F(CliUser, ScaleFileNotCoveringTheLayerWarns) {

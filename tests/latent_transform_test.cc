@@ -291,6 +291,63 @@ TEST(LatentTransformFile, StrictParsingNamesTheField) {
   EXPECT_FALSE(parse_scale_file("{}", "s.json").ok());
 }
 
+// The optional seed_search record (how calibration chose the sign seed): written and read
+// back exactly, strictly parsed, and consistent with the layers' seeds.
+TEST(LatentTransformFile, SeedSearchRoundTripsAndIsStrict) {
+  LatentTransform t = two_layers();  // layer 0 rotates with seeds 4 / 5, layer 1 does not rotate
+  t.seed_search = LatentSeedSearch{"nvfp4_ds_mla", 2048, 4, {4, 4 + kLatentSeedStride, 9}, {0.0125, 0.5, 0.0}, 4};
+  auto text = latent_transform_to_json(t);
+  ASSERT_TRUE(text.ok()) << text.status().to_string();
+  auto back = parse_latent_transform(*text, "t.json");
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  ASSERT_TRUE(back->seed_search.has_value());
+  EXPECT_EQ(back->seed_search->format, "nvfp4_ds_mla");
+  EXPECT_EQ(back->seed_search->context, 2048);
+  EXPECT_EQ(back->seed_search->windows, 4);
+  EXPECT_EQ(back->seed_search->seeds, t.seed_search->seeds);
+  EXPECT_EQ(back->seed_search->kld_mean, t.seed_search->kld_mean);  // doubles round-trip exactly
+  EXPECT_EQ(back->seed_search->chosen, 4u);
+  EXPECT_FALSE(parse_latent_transform(*latent_transform_to_json(two_layers()), "t.json")->seed_search.has_value());
+
+  const nlohmann::json good = nlohmann::json::parse(*text);
+  struct Case {
+    std::function<void(nlohmann::json&)> edit;
+    std::string want;
+  };
+  const std::vector<Case> cases = {
+      {[](auto& j) { j["seed_search"]["why"] = 1; }, "seed_search: unknown key \"why\""},
+      {[](auto& j) { j["seed_search"].erase("chosen"); }, "seed_search: required field 'chosen' is missing"},
+      {[](auto& j) { j["seed_search"] = 3; }, "field 'seed_search' must be an object"},
+      {[](auto& j) { j["seed_search"]["format"] = "nvfp3"; }, "seed_search: format 'nvfp3' is not a record format"},
+      {[](auto& j) { j["seed_search"]["context"] = 0; }, "seed_search.context must be a positive integer"},
+      {[](auto& j) { j["seed_search"]["windows"] = 1.5; }, "seed_search.windows must be a positive integer"},
+      {[](auto& j) { j["seed_search"]["chosen"] = 9; }, "chosen 9 means layer 0's sign_seed 9, the layer has 4"},
+      {[](auto& j) { j["seed_search"]["chosen"] = 7; }, "chosen 7 is not one of the candidates"},
+      {[](auto& j) { j["seed_search"]["chosen"] = -1; }, "seed_search.chosen must be an integer in [0, 2^53)"},
+      {[](auto& j) { j["seed_search"]["candidates"][1]["seed"] = 4; }, "seed 4 is a candidate twice"},
+      {[](auto& j) { j["seed_search"]["candidates"][2]["kld_mean"] = -0.5; },
+       "seed_search.candidates[2].kld_mean must be a finite number >= 0"},
+      {[](auto& j) { j["seed_search"]["candidates"][0]["note"] = "x"; },
+       "seed_search.candidates[0] must be an object of exactly seed and kld_mean"},
+      {[](auto& j) { j["seed_search"]["candidates"].erase(1); j["seed_search"]["candidates"].erase(1); },
+       "needs >= 2 candidates"},
+  };
+  for (const Case& c : cases) {
+    nlohmann::json j = good;
+    c.edit(j);
+    auto r = parse_latent_transform(j.dump(), "t.json");
+    ASSERT_FALSE(r.ok()) << c.want;
+    EXPECT_NE(r.status().message().find("t.json: "), std::string::npos) << r.status().message();
+    EXPECT_NE(r.status().message().find(c.want), std::string::npos) << r.status().message();
+  }
+  // The writer refuses an inconsistent record too (nothing written).
+  LatentTransform bad = t;
+  bad.seed_search->chosen = 9;
+  EXPECT_FALSE(latent_transform_to_json(bad).ok());
+  bad.seed_search->kld_mean.pop_back();
+  EXPECT_FALSE(latent_transform_to_json(bad).ok());
+}
+
 // ---- the folding identity in the MLA layer ---------------------------------------------
 
 struct LayerCase {
@@ -731,6 +788,81 @@ TEST(CalibrateLatentTransform, OuterScaleIsTheTransformedMaxAndEvalRuns) {
     EXPECT_GT(rep->rows[0].kld.kld_mean(), 0.0);
     EXPECT_LT(rep->rows[0].kld.kld_mean(), 0.1);
   }
+}
+
+// Sign-seed selection: with n candidates, the calibration keeps the one whose nvfp4 cache has
+// the lowest mean KLD on the calibration windows. Against the independent path: each candidate
+// calibrated alone (seed_candidates 1 at seed + k * 2^20) and evaluated on the same windows
+// with evaluate(): the recorded KLDs are those, the chosen seed is their argmin, and the
+// transform kept is that candidate's, field for field.
+TEST(CalibrateLatentTransform, SeedSelectionKeepsTheLowestCalibrationKld) {
+  auto m = load_model(kTiny);
+  ASSERT_TRUE(m);
+  SplitMix64 rng(11);
+  std::vector<int32_t> toks(4 * 32);
+  for (auto& t : toks) t = static_cast<int32_t>(rng.next() % static_cast<uint64_t>(m->vocab_size()));
+  LatentTransformRecipe r;
+  r.seed = 1000;
+  r.seed_candidates = 3;
+  auto c = calibrate_latent_transform(*m, toks, 32, 2, 64, r);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  ASSERT_TRUE(c->transform.seed_search.has_value());
+  const LatentSeedSearch& ss = *c->transform.seed_search;
+  EXPECT_EQ(ss.format, "nvfp4_ds_mla");
+  EXPECT_EQ(ss.context, 32);
+  EXPECT_EQ(ss.windows, 2);
+  ASSERT_EQ(ss.seeds.size(), 3u);
+  std::vector<double> kld;
+  std::vector<LatentTransformCalibration> alone;
+  for (int k = 0; k < 3; ++k) {
+    LatentTransformRecipe one = r;
+    one.seed_candidates = 1;
+    one.seed = r.seed + static_cast<uint64_t>(k) * kLatentSeedStride;
+    EXPECT_EQ(ss.seeds[static_cast<std::size_t>(k)], one.seed);
+    auto a = calibrate_latent_transform(*m, toks, 32, 2, 64, one);
+    ASSERT_TRUE(a.ok()) << a.status().to_string();
+    EXPECT_FALSE(a->transform.seed_search.has_value());
+    auto ft = m->fold_latent_transform(a->transform);
+    ASSERT_TRUE(ft.ok());
+    std::vector<EvalCacheSpec> specs = {{KvFormat::kNvfp4DsMla, {}, "x", std::move(ft).value(), "mlakv"}};
+    EvalOptions eo;  // the calibration's own settings: context 32, 2 windows, the default block size
+    eo.context = 32;
+    eo.windows = 2;
+    auto rep = evaluate(*m, std::span<const int32_t>(toks).subspan(64), specs, eo);
+    ASSERT_TRUE(rep.ok()) << rep.status().to_string();
+    kld.push_back(rep->rows[0].kld.kld_mean());
+    alone.push_back(std::move(a).value());
+  }
+  EXPECT_EQ(ss.kld_mean, kld);
+  const std::size_t best = static_cast<std::size_t>(std::min_element(kld.begin(), kld.end()) - kld.begin());
+  EXPECT_EQ(ss.chosen, ss.seeds[best]);
+  EXPECT_NE(kld[0], kld[1]);  // the seeds do give different caches
+  EXPECT_EQ(c->max_abs, alone[best].max_abs);
+  for (int l = 0; l < m->num_layers(); ++l) {
+    const auto& a = c->transform.layers[static_cast<std::size_t>(l)];
+    const auto& b = alone[best].transform.layers[static_cast<std::size_t>(l)];
+    EXPECT_EQ(a.mu, b.mu);
+    EXPECT_EQ(a.d, b.d);
+    EXPECT_EQ(a.sign_seed, b.sign_seed);
+    EXPECT_EQ(a.sign_seed, ss.chosen + 2 * static_cast<uint64_t>(l));
+    EXPECT_EQ(a.rope_sign_seed, b.rope_sign_seed);
+    EXPECT_EQ(a.outer_scale, b.outer_scale);
+  }
+  // Nothing to select without a rotation; bad settings are refused.
+  LatentTransformRecipe flat = r;
+  flat.rotate = flat.rope_rotate = false;
+  auto f = calibrate_latent_transform(*m, toks, 32, 2, 64, flat);
+  ASSERT_TRUE(f.ok()) << f.status().to_string();
+  EXPECT_FALSE(f->transform.seed_search.has_value());
+  LatentTransformRecipe bad = r;
+  bad.seed_candidates = 0;
+  EXPECT_EQ(calibrate_latent_transform(*m, toks, 32, 2, 64, bad).status().code(), StatusCode::kInvalidArgument);
+  bad = r;
+  bad.select_format = KvFormat::kF32;
+  EXPECT_EQ(calibrate_latent_transform(*m, toks, 32, 2, 64, bad).status().code(), StatusCode::kInvalidArgument);
+  bad = r;
+  bad.seed = (uint64_t{1} << 53) - 2;
+  EXPECT_EQ(calibrate_latent_transform(*m, toks, 32, 2, 64, bad).status().code(), StatusCode::kInvalidArgument);
 }
 
 TEST(LatentOutputEnergy, EqualsTheColumnNormsOfOprojTimesWuv) {

@@ -101,7 +101,12 @@ StatusOr<OuterScales> calibrate_outer_scales(Model& model, std::span<const int32
 // over the windows with the f32 reference cache and accumulates per layer the latent's mean
 // and second moments and (for the query importances) the absorbed queries' second moments
 // (LatentTransformCalibrator); pass 2 runs them again and takes max |c'| of the transformed
-// latents, s_l = max / 2688. `max_abs` is that max per layer (the file's audit field).
+// latents, s_l = max / 2688. `max_abs` is that max per layer (the file's audit field). With
+// recipe.seed_candidates n > 1 (and a rotation), pass 2 measures n candidate sign seeds
+// (seed + k * kLatentSeedStride) at once and a third pass over the same windows evaluates each
+// candidate's cache in recipe.select_format against the f32 reference (evaluate()); the
+// lowest mean KLD is kept and recorded in transform.seed_search. kInvalidArgument for n
+// outside [1, 64], a seed without room for its candidates, or select_format f32.
 struct LatentTransformCalibration {
   LatentTransform transform;
   std::vector<double> max_abs;
@@ -173,6 +178,7 @@ struct EvalRequest {
   // "" (fork for auto, the files' own kinds), "fork", "mlakv" or "both"; needs scales.
   std::string recipe;
   LatentImportance importance = LatentTransformRecipe{}.importance;  // for mlakv-recipe auto
+  int seed_candidates = LatentTransformRecipe{}.seed_candidates;     // for mlakv-recipe auto
   int64_t context = 2048, windows = 32, calib_windows = 4;
   int needle = 0;  // needle trials (docs/needle.md): needs a tokenizer and max_position_embeddings
   int block_size = kDefaultBlockSize;

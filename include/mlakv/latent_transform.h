@@ -25,6 +25,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -50,10 +51,24 @@ struct LatentTransformLayer {
   static LatentTransformLayer identity();  // mu 0, d 1, no rotation, s_l 1
 };
 
+// How the sign seed was chosen (the file's optional "seed_search", docs/calibration.md):
+// the calibration tried each candidate base seed b (layer l's signs b + 2 l, its RoPE
+// signs b + 2 l + 1) on the calibration windows and kept the one whose cache in `format`
+// had the lowest mean KLD against the unquantized reference.
+struct LatentSeedSearch {
+  std::string format;         // the record format it was selected in (a format name)
+  int64_t context = 0;        // tokens per calibration window, >= 2
+  int64_t windows = 0;        // calibration windows, >= 1
+  std::vector<uint64_t> seeds;  // >= 2 distinct candidates, each < 2^53
+  std::vector<double> kld_mean;  // per candidate, finite, >= 0
+  uint64_t chosen = 0;          // one of `seeds`, the one the layers carry
+};
+
 struct LatentTransform {
   std::vector<LatentTransformLayer> layers;  // [num_layers]
   // For the record (the file's "calibration" object): how it was made, free text.
   std::string importance;  // the per-dim importance estimate ("query", "output", ...)
+  std::optional<LatentSeedSearch> seed_search;  // for the record: the sign-seed selection
   int num_layers() const { return static_cast<int>(layers.size()); }
 };
 

@@ -202,7 +202,7 @@ class Model:
              formats: Sequence[str] = ("bf16", "fp8_ds_mla", "nvfp4_ds_mla", "nvfp4_ds_mla_fp8rope",
                                        "nvfp4_ds_mla_int8rope"),
              scales: Optional[str | Sequence[str]] = None, recipe: str = "", importance: str = "uniform",
-             calib_windows: int = 4, needle: int = 0, block_size: int = 64,
+             seed_candidates: int = 4, calib_windows: int = 4, needle: int = 0, block_size: int = 64,
              progress: Optional[ProgressFn] = None) -> dict[str, Any]:
         """`mlakv eval --json` as a dict (the same keys): teacher-forced KLD against the f32 cache, top-1,
         perplexity and needle retrieval of each format over `windows` windows of `context` tokens.
@@ -210,7 +210,8 @@ class Model:
         scales (--scales): None, or one or a list of "auto" (calibrated on calib_windows windows after
         the eval windows) / a scale file of either kind (outer scales or mlakv_latent_transform_v1), read
         by the loader the CLI uses; recipe (--recipe): "", "fork", "mlakv" or "both"; importance
-        (--importance) for the mlakv recipe's auto calibration. progress(stage, done, total) is called
+        (--importance) and seed_candidates (--seed-candidates: sign seeds tried on the calibration
+        windows, the lowest-KLD one kept) for the mlakv recipe's auto calibration. progress(stage, done, total) is called
         with stage "calibration (fork recipe)", "calibration (mlakv recipe)", "eval" or "needle"; an
         exception it raises stops further calls and is raised when the run ends."""
     def generate(self, prompt: TextOrTokens, *, format: str = "bf16", max_tokens: int = 64,

@@ -28,17 +28,17 @@ available = built and load_error is None
 if available:
 
     @torch.library.register_fake("mlakv::write_cache")
-    def _write_cache_fake(kv_cache, slot_mapping, latent, rope, format, outer_scale, fp8_exact):
+    def _write_cache_fake(kv_cache, slot_mapping, latent, rope, format, outer_scale, fp8_exact, token_scale=False):
         return None
 
     @torch.library.register_fake("mlakv::mla_decode")
     def _mla_decode_fake(q, kv_cache, block_table, seqlens, out, lse, format, outer_scale, softmax_scale, causal,
-                         num_splits, workspace):
+                         num_splits, workspace, token_scale=False):
         return None
 
     @torch.library.register_fake("mlakv::mla_decode_sparse")
     def _mla_decode_sparse_fake(q, kv_cache, indices, topk_length, out, lse, format, outer_scale, softmax_scale,
-                                num_splits, workspace):
+                                num_splits, workspace, token_scale=False):
         return None
 
 
@@ -89,25 +89,43 @@ def _format(name):
     return FORMATS[name]
 
 
-def write_cache(kv_cache, slot_mapping, latent, rope, *, format, outer_scale=1.0, fp8_scales="pow2"):
+def _token_scale(token_scale, fmt, outer_scale):
+    """The per-token scale mode: a bool, on an nvfp4 format, with outer_scale 1.0 (s_t replaces s_l)."""
+    if not isinstance(token_scale, bool):
+        raise ValueError(f"token_scale: expected a bool, got {type(token_scale).__name__}")
+    if token_scale and not fmt.startswith("nvfp4"):
+        raise ValueError(f"token_scale: the per-token scale mode is a mode of the nvfp4 formats, not {fmt}")
+    if token_scale and float(outer_scale) != 1.0:
+        raise ValueError(f"token_scale: the per-token scale s_t replaces the outer scale, which must be 1.0 "
+                         f"(got outer_scale={outer_scale})")
+    return token_scale
+
+
+def write_cache(kv_cache, slot_mapping, latent, rope, *, format, outer_scale=1.0, fp8_scales="pow2",
+                token_scale=False):
     """vLLM's concat_and_cache_mla: kv_cache [num_blocks, block_size, record_bytes] uint8 (in place),
-    slot_mapping [n] int64 (-1 skipped), latent [n, 512], rope [n, 64]."""
+    slot_mapping [n] int64 (-1 skipped), latent [n, 512], rope [n, 64]. token_scale: the nvfp4
+    per-token scale mode (fp32 s_t = token amax / 2688 at bytes [292, 296) replaces s_l; the fork's
+    VLLM_NVFP4_MLA_DYNAMIC_SCALE=1); readers of the cache must pass it too."""
     if fp8_scales not in ("pow2", "exact"):
         raise ValueError(f"fp8_scales: expected 'pow2' or 'exact', got {fp8_scales!r}")
     code = _format(format)
+    ts = _token_scale(token_scale, format, outer_scale)
     dev = _check_cache(kv_cache, format)
     _check(slot_mapping, "slot_mapping", (torch.int64, torch.int32), (None,), dev)
     n = slot_mapping.shape[0]
     _check(latent, "latent", (torch.float32, torch.bfloat16), (n, _LATENT), dev)
     _check(rope, "rope", (latent.dtype,), (n, _ROPE), dev)
     torch.ops.mlakv.write_cache(kv_cache, slot_mapping, latent, rope, code, float(outer_scale),
-                                fp8_scales == "exact")
+                                fp8_scales == "exact", ts)
 
 
 def mla_decode(q, kv_cache, block_table, seqlens, out, lse, *, format, softmax_scale, outer_scale=1.0, causal=True,
-               num_splits=1, workspace=None):
-    """Dense MLA decode into out [B, s_q, H, 512] f32 and lse [B, s_q, H] f32 (see mlakv.mla_decode)."""
+               num_splits=1, workspace=None, token_scale=False):
+    """Dense MLA decode into out [B, s_q, H, 512] f32 and lse [B, s_q, H] f32 (see mlakv.mla_decode);
+    token_scale: the cache was written in the nvfp4 per-token scale mode."""
     _format(format)
+    ts = _token_scale(token_scale, format, outer_scale)
     dev = _check_cache(kv_cache, format)
     B, _ = _check_attention(q, out, lse, dev, softmax_scale, num_splits)
     _check(block_table, "block_table", (torch.int32,), (B, None), dev)
@@ -115,13 +133,14 @@ def mla_decode(q, kv_cache, block_table, seqlens, out, lse, *, format, softmax_s
     if workspace is not None:
         _check(workspace, "workspace", (torch.uint8,), (None,), dev)
     torch.ops.mlakv.mla_decode(q, kv_cache, block_table, seqlens, out, lse, _format(format), float(outer_scale),
-                               float(softmax_scale), bool(causal), int(num_splits), workspace)
+                               float(softmax_scale), bool(causal), int(num_splits), workspace, ts)
 
 
 def mla_decode_sparse(q, kv_cache, indices, out, lse, *, format, softmax_scale, topk_length=None, outer_scale=1.0,
-                      num_splits=1, workspace=None):
+                      num_splits=1, workspace=None, token_scale=False):
     """Sparse (DSA top-k) MLA decode: indices [B, s_q, topk] int32 slot ids, invalid ones skipped."""
     _format(format)
+    ts = _token_scale(token_scale, format, outer_scale)
     dev = _check_cache(kv_cache, format)
     B, S = _check_attention(q, out, lse, dev, softmax_scale, num_splits)
     _check(indices, "indices", (torch.int32,), (B, S, None), dev)
@@ -130,4 +149,4 @@ def mla_decode_sparse(q, kv_cache, indices, out, lse, *, format, softmax_scale, 
     if workspace is not None:
         _check(workspace, "workspace", (torch.uint8,), (None,), dev)
     torch.ops.mlakv.mla_decode_sparse(q, kv_cache, indices, topk_length, out, lse, _format(format),
-                                      float(outer_scale), float(softmax_scale), int(num_splits), workspace)
+                                      float(outer_scale), float(softmax_scale), int(num_splits), workspace, ts)

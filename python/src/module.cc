@@ -735,8 +735,8 @@ class PyModel {
   }
 
   nb::dict eval(nb::handle input, int64_t context, int64_t windows, std::vector<std::string> formats,
-                nb::handle scales, const std::string& recipe, const std::string& importance, int64_t calib_windows,
-                int needle, int block_size, std::optional<nb::callable> progress) {
+                nb::handle scales, const std::string& recipe, const std::string& importance, int seed_candidates,
+                int64_t calib_windows, int needle, int block_size, std::optional<nb::callable> progress) {
     const std::vector<int32_t> ids = tokens_of(input, "input", false);
     EvalRequest req;
     for (const std::string& f : formats) {
@@ -763,6 +763,7 @@ class PyModel {
                              "' (none, uniform, query, output, query+output)").c_str());
     }
     req.importance = *imp;
+    req.seed_candidates = seed_candidates;
     req.context = context;
     req.windows = windows;
     req.calib_windows = calib_windows;
@@ -1309,7 +1310,7 @@ NB_MODULE(_core, m) {
                                                   "nvfp4_ds_mla_int8rope"},
            "scales"_a = nb::none(), "recipe"_a = "",
            "importance"_a = std::string(latent_importance_name(LatentTransformRecipe{}.importance)),
-           "calib_windows"_a = 4, "needle"_a = 0, "block_size"_a = kDefaultBlockSize, "progress"_a = nb::none())
+           "seed_candidates"_a = LatentTransformRecipe{}.seed_candidates, "calib_windows"_a = 4, "needle"_a = 0, "block_size"_a = kDefaultBlockSize, "progress"_a = nb::none())
       .def("generate", &PyModel::generate, "prompt"_a, nb::kw_only(), "format"_a = "bf16", "max_tokens"_a = 64,
            "scales"_a = nb::none(), "stop_at_eos"_a = true, "block_size"_a = kDefaultBlockSize)
       .def("calibrate", &PyModel::calibrate, "input"_a, nb::kw_only(), "context"_a = 2048, "windows"_a = 8,

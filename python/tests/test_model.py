@@ -133,6 +133,17 @@ def test_eval_recipes_and_token_scale_match_the_cli(model, text, text_file):
     same_report(py, out)
     assert {r["recipe"] for r in py["formats"]} == {"none", "fork", "mlakv"}
     assert any(r["token_scale"] for r in py["formats"])
+    # The sign-seed selection's setting goes through both frontends alike (1: no selection).
+    py1 = model.eval(text, context=64, windows=2, formats=["nvfp4_ds_mla"], scales="auto", recipe="mlakv",
+                     calib_windows=1, seed_candidates=1)
+    out1 = cli("eval", "--model", TINY, "--text", text_file, "--context", 64, "--windows", 2, "--formats",
+               "nvfp4_ds_mla", "--scales", "auto", "--recipe", "mlakv", "--calib-windows", 1, "--seed-candidates", 1,
+               "--threads", 1, "--json")
+    py1["model"] = out1["model"]
+    same_report(py1, out1)
+    with pytest.raises(ValueError, match="seed_candidates"):
+        model.eval(text, context=64, windows=2, formats=["nvfp4_ds_mla"], scales="auto", recipe="mlakv",
+                   calib_windows=1, seed_candidates=0)
 
 
 @needs_cli

@@ -5,6 +5,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import mlakv  # noqa: E402
+import reference as ref  # noqa: E402
 
 import mlakv.torch_ops as ops  # noqa: E402
 
@@ -52,6 +53,69 @@ def test_ops_match_the_binding(device, fmt):
                                     seqlens.cpu().numpy(), softmax_scale=0.1)
     err = np.linalg.norm(out.cpu().numpy() - ref_o) / np.linalg.norm(ref_o)
     assert err < (1e-6 if device == "cpu" else 2 ** -6), err
+
+
+NVFP4 = ["nvfp4_ds_mla", "nvfp4_ds_mla_fp8rope", "nvfp4_ds_mla_int8rope"]
+
+
+@needs_ops
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmt", NVFP4)
+def test_token_scale_mode_through_the_ops(device, fmt):
+    # The per-token scale mode (s_t at bytes [292, 296) replacing s_l): the ops' records are the
+    # library's CPU codec's bytes (mlakv.encode(token_scale=True)), and both decode ops attend
+    # to them as the independent numpy reader decodes them (reference.decode, float64 attention).
+    T, H = 150, 16
+    kv, slots, lat, rope, q, table, seqlens = _case(device, fmt, T=T, H=H, seed=3)
+    # Token magnitudes over 3.5 decades (and one all-zero token, s_t = 0): what the mode is for;
+    # small enough that the softmax is not one-hot.
+    mag = torch.logspace(-3, 0.5, T)
+    mag[7] = 0.0
+    lat.mul_(mag.to(device)[:, None])
+    ops.write_cache(kv, slots, lat, rope, format=fmt, token_scale=True)
+    out = torch.empty(1, 1, H, 512, device=device)
+    lse = torch.empty(1, 1, H, device=device)
+    ops.mla_decode(q, kv, table, seqlens, out, lse, format=fmt, softmax_scale=0.1, token_scale=True)
+    idx = slots.to(torch.int32).view(1, 1, T)
+    out_s = torch.empty(1, 1, H, 512, device=device)
+    lse_s = torch.empty(1, 1, H, device=device)
+    ops.mla_decode_sparse(q, kv, idx, out_s, lse_s, format=fmt, softmax_scale=0.1, token_scale=True)
+    # Read without the mode, the same records mean something else (s_l = 1 instead of s_t).
+    out_n = torch.empty(1, 1, H, 512, device=device)
+    ops.mla_decode(q, kv, table, seqlens, out_n, torch.empty(1, 1, H, device=device), format=fmt, softmax_scale=0.1)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    flat = kv.cpu().numpy().reshape(-1, mlakv.record_bytes(fmt))
+    np.testing.assert_array_equal(flat[:T], mlakv.encode(lat.cpu().numpy(), rope.cpu().numpy(), fmt, token_scale=True))
+    st = flat[:T, 292:296].copy().view(np.float32)[:, 0]
+    assert st[7] == 0 and np.all(st[np.arange(T) != 7] > 0)
+    kl, kr = ref.decode(flat[:T], fmt, token_scale=True)
+    ro, rl = ref.attention(q.cpu().numpy()[0, 0], np.concatenate([kl, kr], axis=1), 0.1, T)
+    # CPU: float32 accumulation of a 150-token softmax against float64; CUDA: bf16 q/K tiles (2^-8
+    # relative per operand, as test_ops_match_the_binding bounds them).
+    tol = 2e-4 if device == "cpu" else 2 ** -6
+    for o, l_ in ((out, lse), (out_s, lse_s)):
+        err = np.abs(o.cpu().numpy()[0, 0] - ro).max() / np.abs(ro).max()
+        assert err < tol, err
+        np.testing.assert_allclose(l_.cpu().numpy()[0, 0], rl, rtol=tol, atol=tol)
+    wrong = np.abs(out_n.cpu().numpy()[0, 0] - ro).max() / np.abs(ro).max()
+    assert wrong > 100 * tol, wrong
+    assert np.abs(ro).max() < 0.9 * np.abs(kl).max()  # a spread softmax, not one token's latent
+    # The checking wrappers refuse what the mode is not (fp8 records; an outer scale beside s_t).
+    with pytest.raises(ValueError, match="token_scale"):
+        ops.write_cache(kv, slots, lat, rope, format=fmt, token_scale=True, outer_scale=0.5)
+    with pytest.raises(ValueError, match="token_scale"):
+        ops.mla_decode(q, kv, table, seqlens, out, lse, format=fmt, softmax_scale=0.1, token_scale=1)
+
+
+@needs_ops
+def test_token_scale_refused_on_formats_without_it():
+    kv, slots, lat, rope, q, table, seqlens = _case("cpu", "fp8_ds_mla")
+    with pytest.raises(ValueError, match="token_scale"):
+        ops.write_cache(kv, slots, lat, rope, format="fp8_ds_mla", token_scale=True)
+    with pytest.raises(ValueError, match="token_scale"):
+        ops.mla_decode_sparse(q, kv, table.view(1, 1, -1), torch.empty(1, 1, 16, 512), torch.empty(1, 1, 16),
+                              format="fp8_ds_mla", softmax_scale=0.1, token_scale=True)
 
 
 @needs_ops
@@ -145,6 +209,10 @@ RAW_CASES = {
     "splits": ("torch.ops.mlakv.mla_decode(q, kv, table, sl, out, lse, F, 1.0, 0.1, True, 0, None)", "num_splits"),
     "indices": ("torch.ops.mlakv.mla_decode_sparse(q, kv, table.view(1, 1, 3).long(), None, out, lse, F, 1.0, 0.1, "
                 "1, None)", "indices"),
+    # The per-token scale mode on fp8 records (the C++ check_token_scale refuses it).
+    "token_scale": ("torch.ops.mlakv.write_cache(kv, slots, lat, rope, F, 1.0, False, True)", "token_scale"),
+    "token_scale_decode": ("torch.ops.mlakv.mla_decode(q, kv, table, sl, out, lse, F, 1.0, 0.1, True, 1, None, True)",
+                           "token_scale"),
 }
 
 

@@ -1,10 +1,14 @@
 // PyTorch custom ops over mlakv, registered through libtorch's stable ABI
 // (STABLE_TORCH_LIBRARY, torch >= 2.9), so one build serves several torch versions:
-//   torch.ops.mlakv.write_cache(kv_cache, slot_mapping, latent, rope, format, outer_scale, fp8_exact)
+//   torch.ops.mlakv.write_cache(kv_cache, slot_mapping, latent, rope, format, outer_scale, fp8_exact,
+//                               token_scale=False)
 //   torch.ops.mlakv.mla_decode(q, kv_cache, block_table, seqlens, out, lse, format, outer_scale,
-//                              softmax_scale, causal, num_splits, workspace)
+//                              softmax_scale, causal, num_splits, workspace, token_scale=False)
 //   torch.ops.mlakv.mla_decode_sparse(q, kv_cache, indices, topk_length, out, lse, format, outer_scale,
-//                                     softmax_scale, num_splits, workspace)
+//                                     softmax_scale, num_splits, workspace, token_scale=False)
+// token_scale: the nvfp4 per-token scale mode (CacheLayerView::token_scale; fp32 s_t at
+// formats.h nvfp4_token_scale::kOffset replaces s_l, which must then be 1.0); the writer
+// and the readers of one cache must agree on it, as on the format and outer scale.
 // Each mutates its output arguments and returns nothing, so it needs no allocation: on CUDA
 // it enqueues on torch's current stream and can be captured in a CUDA graph. The fake
 // (meta) implementations are registered in python/mlakv/torch_ops.py.
@@ -90,7 +94,7 @@ TensorView view(const Tensor& t, const char* name) {
   return v;
 }
 
-CacheLayerView layer_of(const Tensor& kv, int64_t format, double outer_scale) {
+CacheLayerView layer_of(const Tensor& kv, int64_t format, double outer_scale, bool token_scale) {
   MLAKV_OP_CHECK(format >= 0 && format < static_cast<int64_t>(all_formats().size()), "format: unknown format code ",
                   format, " (mlakv.torch_ops.FORMATS)");
   const KvFormat f = all_formats()[static_cast<size_t>(format)].format;
@@ -107,6 +111,7 @@ CacheLayerView layer_of(const Tensor& kv, int64_t format, double outer_scale) {
   c.record_bytes = static_cast<int>(t.size(2));
   c.format = f;
   c.outer_scale = static_cast<float>(outer_scale);
+  c.token_scale = token_scale;
   c.device = t.device;
   check(check_cache_view(c, "kv_cache"), "cache");
   return c;
@@ -155,8 +160,8 @@ void run_attention(MlaAttentionParams& p, int64_t num_splits, const std::optiona
 }
 
 void write_cache(Tensor kv_cache, Tensor slot_mapping, Tensor latent, Tensor rope, int64_t format, double outer_scale,
-                 bool fp8_exact) {
-  const CacheLayerView c = layer_of(kv_cache, format, outer_scale);
+                 bool fp8_exact, bool token_scale) {
+  const CacheLayerView c = layer_of(kv_cache, format, outer_scale, token_scale);
   const TensorView s = view(slot_mapping, "slot_mapping"), l = view(latent, "latent"), r = view(rope, "rope");
   const Fp8ScaleMode mode = fp8_exact ? Fp8ScaleMode::kExact : Fp8ScaleMode::kPow2;
   if (c.device.type == DeviceType::kCpu) {
@@ -172,10 +177,10 @@ void write_cache(Tensor kv_cache, Tensor slot_mapping, Tensor latent, Tensor rop
 
 void mla_decode(Tensor q, Tensor kv_cache, Tensor block_table, Tensor seqlens, Tensor out, Tensor lse, int64_t format,
                 double outer_scale, double softmax_scale, bool causal, int64_t num_splits,
-                std::optional<Tensor> workspace) {
+                std::optional<Tensor> workspace, bool token_scale) {
   MlaAttentionParams p;
   p.q = view(q, "q");
-  p.cache = layer_of(kv_cache, format, outer_scale);
+  p.cache = layer_of(kv_cache, format, outer_scale, token_scale);
   p.block_table = view(block_table, "block_table");
   p.seqlens = view(seqlens, "seqlens");
   p.out = view(out, "out");
@@ -187,10 +192,10 @@ void mla_decode(Tensor q, Tensor kv_cache, Tensor block_table, Tensor seqlens, T
 
 void mla_decode_sparse(Tensor q, Tensor kv_cache, Tensor indices, std::optional<Tensor> topk_length, Tensor out,
                        Tensor lse, int64_t format, double outer_scale, double softmax_scale, int64_t num_splits,
-                       std::optional<Tensor> workspace) {
+                       std::optional<Tensor> workspace, bool token_scale) {
   MlaAttentionParams p;
   p.q = view(q, "q");
-  p.cache = layer_of(kv_cache, format, outer_scale);
+  p.cache = layer_of(kv_cache, format, outer_scale, token_scale);
   p.indices = view(indices, "indices");
   if (topk_length.has_value()) p.topk_length = view(*topk_length, "topk_length");
   p.out = view(out, "out");
@@ -204,13 +209,13 @@ void mla_decode_sparse(Tensor q, Tensor kv_cache, Tensor indices, std::optional<
 
 STABLE_TORCH_LIBRARY(mlakv, m) {
   m.def("write_cache(Tensor(a!) kv_cache, Tensor slot_mapping, Tensor latent, Tensor rope, int format, "
-        "float outer_scale, bool fp8_exact) -> ()");
+        "float outer_scale, bool fp8_exact, bool token_scale=False) -> ()");
   m.def("mla_decode(Tensor q, Tensor kv_cache, Tensor block_table, Tensor seqlens, Tensor(a!) out, "
         "Tensor(b!) lse, int format, float outer_scale, float softmax_scale, bool causal, int num_splits, "
-        "Tensor(c!)? workspace) -> ()");
+        "Tensor(c!)? workspace, bool token_scale=False) -> ()");
   m.def("mla_decode_sparse(Tensor q, Tensor kv_cache, Tensor indices, Tensor? topk_length, Tensor(a!) out, "
         "Tensor(b!) lse, int format, float outer_scale, float softmax_scale, int num_splits, "
-        "Tensor(c!)? workspace) -> ()");
+        "Tensor(c!)? workspace, bool token_scale=False) -> ()");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(mlakv, CPU, m) {

@@ -71,21 +71,66 @@ Status read_bool(const json& layer, std::string_view source, const std::string& 
   return Status::Ok();
 }
 
+// "seed_search": {"format", "context", "windows", "candidates": [{"seed", "kld_mean"}...], "chosen"},
+// every key required, no other; the values' ranges are validate_latent_transform's.
+StatusOr<LatentSeedSearch> read_seed_search(const json& o, std::string_view source) {
+  if (!o.is_object()) return field_error(source, "field 'seed_search'", "an object", o);
+  static const char* kKeys[] = {"format", "context", "windows", "candidates", "chosen"};
+  for (auto it = o.begin(); it != o.end(); ++it) {
+    if (std::find_if(std::begin(kKeys), std::end(kKeys), [&](const char* k) { return it.key() == k; }) ==
+        std::end(kKeys))
+      return invalid_argument(fmt::format("{}: seed_search: unknown key {} (it has format, context, windows, "
+                                          "candidates, chosen)",
+                                          source, json_util::shown(json(it.key()))));
+  }
+  for (const char* k : kKeys) {
+    if (!o.contains(k)) return invalid_argument(fmt::format("{}: seed_search: required field '{}' is missing", source, k));
+  }
+  LatentSeedSearch s;
+  if (!o.at("format").is_string()) return field_error(source, "seed_search.format", "a format name", o.at("format"));
+  s.format = o.at("format").get<std::string>();
+  for (const char* k : {"context", "windows"}) {
+    const json& v = o.at(k);
+    if (!v.is_number_integer() || v.get<int64_t>() < 1)
+      return field_error(source, fmt::format("seed_search.{}", k), "a positive integer", v);
+    (std::string_view(k) == "context" ? s.context : s.windows) = v.get<int64_t>();
+  }
+  MLAKV_RETURN_IF_ERROR(read_seed(o, source, "seed_search", "chosen", s.chosen));
+  const json& c = o.at("candidates");
+  if (!c.is_array()) return field_error(source, "seed_search.candidates", "a list of {seed, kld_mean} objects", c);
+  for (std::size_t i = 0; i < c.size(); ++i) {
+    const json& e = c.at(i);
+    const std::string where = fmt::format("seed_search.candidates[{}]", i);
+    if (!e.is_object() || e.size() != 2 || !e.contains("seed") || !e.contains("kld_mean"))
+      return field_error(source, where, "an object of exactly seed and kld_mean", e);
+    uint64_t seed = 0;
+    MLAKV_RETURN_IF_ERROR(read_seed(e, source, where, "seed", seed));
+    const json& k = e.at("kld_mean");
+    if (!k.is_number() || !std::isfinite(k.get<double>()) || k.get<double>() < 0.0)
+      return field_error(source, where + ".kld_mean", "a finite number >= 0", k);
+    s.seeds.push_back(seed);
+    s.kld_mean.push_back(k.get<double>());
+  }
+  return s;
+}
+
 StatusOr<LatentTransform> parse(std::string_view text, std::string_view source) {
   json_util::ParseOptions po;
   std::string dup;
   po.duplicate_key = &dup;
   MLAKV_ASSIGN_OR_RETURN(json j, json_util::parse(text, source, po));
   if (!dup.empty()) return invalid_argument(fmt::format("{}: key '{}' appears twice", source, dup));
-  static const char* kTop[] = {"format", "num_layers", "latent_dim", "rope_dim", "denominator", "importance", "layers"};
+  static const char* kTop[] = {"format",     "num_layers", "latent_dim", "rope_dim",
+                               "denominator", "importance", "seed_search", "layers"};
   for (auto it = j.begin(); it != j.end(); ++it) {
     if (std::find_if(std::begin(kTop), std::end(kTop), [&](const char* k) { return it.key() == k; }) == std::end(kTop))
       return invalid_argument(fmt::format("{}: unknown key {} (a {} file has {})", source,
                                           json_util::shown(json(it.key())), kLatentTransformFileFormat,
-                                          "format, num_layers, latent_dim, rope_dim, denominator, importance, layers"));
+                                          "format, num_layers, latent_dim, rope_dim, denominator, importance, "
+                                          "seed_search, layers"));
   }
   for (const char* k : kTop) {
-    if (std::string_view(k) != "importance" && !j.contains(k))
+    if (std::string_view(k) != "importance" && std::string_view(k) != "seed_search" && !j.contains(k))
       return invalid_argument(fmt::format("{}: required field '{}' is missing", source, k));
   }
   if (!j.at("format").is_string() || j.at("format").get<std::string>() != kLatentTransformFileFormat)
@@ -107,6 +152,10 @@ StatusOr<LatentTransform> parse(std::string_view text, std::string_view source) 
       return field_error(source, "field 'importance'",
                          "one of \"none\", \"uniform\", \"query\", \"output\", \"query+output\"", v);
     t.importance = v.get<std::string>();
+  }
+  if (j.contains("seed_search")) {
+    MLAKV_ASSIGN_OR_RETURN(LatentSeedSearch ss, read_seed_search(j.at("seed_search"), source));
+    t.seed_search = std::move(ss);
   }
   const json& layers = j.at("layers");
   if (!layers.is_array() || static_cast<int>(layers.size()) != n)
@@ -168,6 +217,13 @@ StatusOr<std::string> latent_transform_to_json(const LatentTransform& t, std::sp
   j["rope_dim"] = kRopeDim;
   j["denominator"] = layout::kOuterScaleDenominator;
   if (!t.importance.empty()) j["importance"] = t.importance;
+  if (t.seed_search) {
+    const LatentSeedSearch& s = *t.seed_search;
+    json c = json::array();
+    for (std::size_t i = 0; i < s.seeds.size(); ++i) c.push_back({{"seed", s.seeds[i]}, {"kld_mean", s.kld_mean[i]}});
+    j["seed_search"] = {{"format", s.format}, {"context", s.context}, {"windows", s.windows}, {"candidates", c},
+                        {"chosen", s.chosen}};
+  }
   json layers = json::array();
   for (std::size_t l = 0; l < t.layers.size(); ++l) {
     const LatentTransformLayer& L = t.layers[l];

@@ -25,6 +25,8 @@ struct CalibrateArgs {
   bool no_center = false, no_rotate = false, no_rope_rotate = false;
   double sd_power = LatentTransformRecipe{}.sd_power;
   uint64_t seed = LatentTransformRecipe{}.seed;
+  int seed_candidates = LatentTransformRecipe{}.seed_candidates;
+  std::string select_format = std::string(format_name(LatentTransformRecipe{}.select_format));
   int64_t context = 2048, windows = 8;
   int num_layers = 0, threads = 0;
   bool json = false;
@@ -93,9 +95,22 @@ Status run_calibrate_mlakv(const CalibrateArgs& a) {
   r.rope_rotate = !a.no_rope_rotate;
   r.seed = a.seed;
   r.sd_power = a.sd_power;
+  r.seed_candidates = a.seed_candidates;
+  const std::optional<KvFormat> sel = parse_format(a.select_format);
+  if (!sel || *sel == KvFormat::kF32) {
+    return invalid_argument(fmt::format("--select-format: '{}' is not a lossy record format (see 'mlakv formats')",
+                                        a.select_format));
+  }
+  r.select_format = *sel;
+  if (a.seed_candidates < 1 || a.seed_candidates > 64) {
+    return invalid_argument(fmt::format("--seed-candidates must be in [1, 64], got {}", a.seed_candidates));
+  }
+  const bool selecting = (r.rotate || r.rope_rotate) && r.seed_candidates > 1;
   MLAKV_ASSIGN_OR_RETURN(TextInput in, load_text_input(a));
-  Progress pr(fmt::format("calibrating (mlakv recipe): 2 passes over {} windows x {} tokens", a.windows, a.context),
-              2 * a.windows, !a.json);
+  const int64_t passes = selecting ? 3 + r.seed_candidates : 2;
+  Progress pr(fmt::format("calibrating (mlakv recipe): {} passes over {} windows x {} tokens{}", passes, a.windows,
+                          a.context, selecting ? fmt::format(" ({} sign seeds tried)", r.seed_candidates) : ""),
+              passes * a.windows, !a.json);
   MLAKV_ASSIGN_OR_RETURN(LatentTransformCalibration c,
                          calibrate_latent_transform(*in.model, in.ids, a.context, a.windows, 0, r,
                                                     [&](std::string_view, int64_t d, int64_t) { pr.update(d); }));
@@ -109,9 +124,22 @@ Status run_calibrate_mlakv(const CalibrateArgs& a) {
       layers.push_back({{"layer", l}, {"max_abs", c.max_abs[static_cast<std::size_t>(l)]},
                         {"scale", L.outer_scale}, {"d_min", *dmin}, {"d_max", *dmax}});
     }
+    nlohmann::json search = nullptr;
+    if (const auto& ss = c.transform.seed_search) {
+      nlohmann::json cand = nlohmann::json::array();
+      for (std::size_t i = 0; i < ss->seeds.size(); ++i)
+        cand.push_back({{"seed", ss->seeds[i]}, {"kld_mean", ss->kld_mean[i]}});
+      search = {{"format", ss->format}, {"candidates", cand}, {"chosen", ss->chosen}};
+    }
     print_json({{"out", a.out}, {"format", std::string(kLatentTransformFileFormat)}, {"num_layers", n},
-                {"importance", c.transform.importance}, {"layers", layers}});
+                {"importance", c.transform.importance}, {"seed_search", search}, {"layers", layers}});
     return Status::Ok();
+  }
+  if (const auto& ss = c.transform.seed_search) {
+    fmt::print("sign seeds tried ({} KLD on the calibration windows):", ss->format);
+    for (std::size_t i = 0; i < ss->seeds.size(); ++i)
+      fmt::print(" {} {:.4e}{}", ss->seeds[i], ss->kld_mean[i], ss->seeds[i] == ss->chosen ? " (chosen)" : "");
+    fmt::print("\n");
   }
   fmt::print("{:>6}{:>14}{:>14}{:>10}{:>10}\n", "layer", "max |c'|", "scale", "d min", "d max");
   for (int l = 0; l < n; ++l) {
@@ -227,6 +255,12 @@ void add_calibrate_command(Cli& cli) {
                   "mlakv recipe: d_i = sqrt(w_i) / sd_i^P (0.5: the error model's optimum; for studies)")
       ->capture_default_str();
   cmd->add_option("--seed", a->seed, "mlakv recipe: the sign seed (layer l uses seed + 2l, its RoPE seed + 2l + 1)")
+      ->capture_default_str();
+  cmd->add_option("--seed-candidates", a->seed_candidates,
+                  "mlakv recipe: sign seeds tried (seed + k * 2^20, k < N) on the calibration windows; the one with the "
+                  "lowest KLD in --select-format is kept and recorded in the file (1: --seed as given)")
+      ->capture_default_str();
+  cmd->add_option("--select-format", a->select_format, "mlakv recipe: the record format the seed is selected in")
       ->capture_default_str();
   cmd->add_option("--num-layers", a->num_layers, "Layers the file covers (0 = one past the highest captured)")
       ->capture_default_str();

@@ -30,6 +30,7 @@ struct EvalArgs {
   std::vector<std::string> scales;
   std::string recipe;  // fork | mlakv | both; empty: fork (the files' own kinds with --scales FILE)
   std::string importance = std::string(latent_importance_name(LatentTransformRecipe{}.importance));
+  int seed_candidates = LatentTransformRecipe{}.seed_candidates;
   int64_t context = 2048, windows = 32, calib_windows = 4;
   int needle = 0, threads = 0, block_size = kDefaultBlockSize;
   bool json = false;
@@ -80,6 +81,9 @@ Status run_eval(const EvalArgs& a) {
   req.scales = a.scales;
   req.recipe = a.recipe;
   req.importance = *importance;
+  if (a.seed_candidates < 1 || a.seed_candidates > 64)
+    return invalid_argument(fmt::format("--seed-candidates must be in [1, 64], got {}", a.seed_candidates));
+  req.seed_candidates = a.seed_candidates;
   req.context = a.context;
   req.windows = a.windows;
   req.calib_windows = a.calib_windows;
@@ -281,6 +285,10 @@ void add_eval_command(Cli& cli) {
   cmd->add_option("--importance", a->importance,
                   "mlakv recipe under --scales auto: the per-dim importance (none, uniform, query, output, "
                   "query+output)")
+      ->capture_default_str();
+  cmd->add_option("--seed-candidates", a->seed_candidates,
+                  "mlakv recipe under --scales auto: sign seeds tried on the calibration windows, the lowest-KLD one "
+                  "kept (1: the default seed alone; docs/calibration.md)")
       ->capture_default_str();
   cmd->add_option("--calib-windows", a->calib_windows, "windows calibrated on with --scales auto")->capture_default_str();
   cmd->add_option("--needle", a->needle, "needle trials (docs/needle.md), greedy-decoded through every cache")

@@ -8,6 +8,7 @@
 #include <numeric>
 
 #include "cli/cli.h"
+#include "mlakv/eval.h"
 #include "mlakv/file_io.h"
 #include "mlakv/hf_config.h"
 #include "mlakv/latent_calib.h"
@@ -71,8 +72,21 @@ StatusOr<std::vector<int64_t>> input_positions(const SafetensorsFile& f, int64_t
 }
 
 Status run_layer_forward(const LayerForwardArgs& a) {
-  const std::optional<KvFormat> format = parse_format(a.format);
-  if (!format) return invalid_argument(fmt::format("--format: unknown format '{}' (see 'mlakv formats')", a.format));
+  // NAME, or an nvfp4 NAME + "+token-scale": the per-token scale mode (as `mlakv eval --formats`
+  // and `mlakv generate --format` spell it).
+  const bool token_scale = a.format.size() > kTokenScaleSuffix.size() && a.format.ends_with(kTokenScaleSuffix);
+  const std::string name = token_scale ? a.format.substr(0, a.format.size() - kTokenScaleSuffix.size()) : a.format;
+  const std::optional<KvFormat> format = parse_format(name);
+  if (!format) return invalid_argument(fmt::format("--format: unknown format '{}' (see 'mlakv formats')", name));
+  if (token_scale && !is_nvfp4_format(*format)) {
+    return invalid_argument(fmt::format("--format {}: {} is a mode of the nvfp4 formats only", a.format,
+                                        kTokenScaleSuffix));
+  }
+  if (token_scale && !a.scales.empty()) {
+    return invalid_argument(fmt::format("--format {} with --scales {}: the per-token scale mode replaces the outer "
+                                        "scale (s_t per record); give no calibration file",
+                                        a.format, a.scales));
+  }
   if (a.block_size < 1 || a.block_size > 4096) {
     return invalid_argument(fmt::format("--block-size must be in [1, 4096], got {}", a.block_size));
   }
@@ -109,6 +123,7 @@ Status run_layer_forward(const LayerForwardArgs& a) {
     }
   }
   MLAKV_ASSIGN_OR_RETURN(CacheLayerFormats lf, cache_layer_formats(*format, 1, nullptr));
+  lf.layers[0].token_scale = token_scale;
   if (transform && format_info(*format).has_outer_scale) lf.layers[0].outer_scale = transform->layer().outer_scale;
   if (scales) {
     // The cache holds this one layer: its scale is the file's entry for --layer.
@@ -181,6 +196,7 @@ Status run_layer_forward(const LayerForwardArgs& a) {
                                                    {"layer", std::to_string(a.layer)},
                                                    {"format", std::string(format_name(*format))},
                                                    {"outer_scale", fmt::format("{}", lf.layers[0].outer_scale)},
+                                                   {"token_scale", token_scale ? "true" : "false"},
                                                    {"recipe", transform ? "mlakv" : (scales ? "fork" : "none")}};
   // Both files or neither: each is written to its temporary first, and only when both
   // are complete are they renamed into place.
@@ -204,14 +220,17 @@ Status run_layer_forward(const LayerForwardArgs& a) {
                 {"chunk", chunk},
                 {"format", std::string(format_name(*format))},
                 {"outer_scale", lf.layers[0].outer_scale},
+                {"token_scale", token_scale},
                 {"recipe", transform ? "mlakv" : (scales ? "fork" : "none")},
                 {"softmax_scale", cfg.softmax_scale()},
                 {"output", a.output},
                 {"capture", capture ? nlohmann::json(a.capture) : nlohmann::json(nullptr)}});
   } else {
-    fmt::print("layer {} of {}: {} tokens ({} per call) through a {} cache (outer scale {}{}) -> {}\n", a.layer, cfg.name,
-               T, chunk, format_name(*format), lf.layers[0].outer_scale, transform ? ", mlakv latent transform" : "",
-               a.output);
+    fmt::print("layer {} of {}: {} tokens ({} per call) through a {} cache ({}{}) -> {}\n", a.layer, cfg.name, T, chunk,
+               format_name(*format),
+               token_scale ? std::string("per-token scale mode")
+                           : fmt::format("outer scale {}", lf.layers[0].outer_scale),
+               transform ? ", mlakv latent transform" : "", a.output);
     if (capture) fmt::print("captured {} [{}, {}] -> {}\n", capture_tensor_name(a.layer), T, kLatentDim, a.capture);
   }
   return Status::Ok();
@@ -230,7 +249,10 @@ void add_layer_forward_command(Cli& cli) {
                   "hidden_states (the pre-norm residual: passing that gives plausible, wrong output)")
       ->required();
   cmd->add_option("--output", a->output, "safetensors to write: output [T, D] f32")->required();
-  cmd->add_option("--format", a->format, "KV cache format (see 'mlakv formats')")->capture_default_str();
+  cmd->add_option("--format", a->format,
+                  "KV cache format (see 'mlakv formats'); an nvfp4 format + '+token-scale' (e.g. "
+                  "nvfp4_ds_mla+token-scale): the per-token scale mode (fp32 s_t per record replaces s_l; no --scales)")
+      ->capture_default_str();
   cmd->add_option("--scales", a->scales,
                   "calibration file: nvfp4_ds_mla_outer_scale_v1 (the fork's outer scales, nvfp4 formats) or "
                   "mlakv_latent_transform_v1 (the mlakv recipe: the latent written transformed, the weights folded)");

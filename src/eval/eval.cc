@@ -188,7 +188,15 @@ StatusOr<LatentTransformCalibration> calibrate_latent_transform(Model& model, st
   LatentTransformCalibrator cal(n);
   const bool need_q = recipe.importance == LatentImportance::kQuery ||
                       recipe.importance == LatentImportance::kQueryOutput;
-  const int64_t total = 2 * static_cast<int64_t>(wins.size());
+  if (recipe.seed_candidates < 1 || recipe.seed_candidates > 64)
+    return invalid_argument(fmt::format("seed_candidates must be in [1, 64], got {}", recipe.seed_candidates));
+  if (recipe.seed > (uint64_t{1} << 53) - 1 - static_cast<uint64_t>(recipe.seed_candidates) * kLatentSeedStride)
+    return invalid_argument(fmt::format("seed {}: its {} candidates (seed + k * 2^20) must stay below 2^53",
+                                        recipe.seed, recipe.seed_candidates));
+  if (static_cast<int>(recipe.select_format) >= kNumKvFormats || recipe.select_format == KvFormat::kF32)
+    return invalid_argument("select_format: seeds are selected in a lossy record format (f32 is the reference)");
+  const bool selecting = (recipe.rotate || recipe.rope_rotate) && recipe.seed_candidates > 1;
+  const int64_t total = static_cast<int64_t>(wins.size()) * (selecting ? 2 + 1 + recipe.seed_candidates : 2);
   std::vector<float> logits;
   // Pass 1: latent means and second moments, the absorbed queries' second moments.
   for (std::size_t w = 0; w < wins.size(); ++w) {
@@ -216,29 +224,82 @@ StatusOr<LatentTransformCalibration> calibrate_latent_transform(Model& model, st
       energy.push_back(std::move(e));
     }
   }
-  LatentTransformCalibration out;
-  MLAKV_ASSIGN_OR_RETURN(out.transform, cal.finish(recipe, energy));
-  // Pass 2: max |c'| per layer under the transform, s_l = max / 2688 (the fork's rule on c').
-  MLAKV_ASSIGN_OR_RETURN(std::vector<LatentTransformKernel> kernels, make_latent_transform_kernels(out.transform));
-  out.max_abs.assign(static_cast<std::size_t>(n), 0.0);
+  // The candidates: one transform per base seed (mu and d do not depend on it).
+  const bool rotates = recipe.rotate || recipe.rope_rotate;
+  const int K = rotates ? recipe.seed_candidates : 1;
+  std::vector<LatentTransform> cands;
+  for (int k = 0; k < K; ++k) {
+    LatentTransformRecipe r = recipe;
+    r.seed = recipe.seed + static_cast<uint64_t>(k) * kLatentSeedStride;
+    MLAKV_ASSIGN_OR_RETURN(LatentTransform t, cal.finish(r, energy));
+    cands.push_back(std::move(t));
+  }
+  // Pass 2: max |c'| per layer under each candidate, s_l = max / 2688 (the fork's rule on c').
+  std::vector<std::vector<LatentTransformKernel>> kernels;
+  for (const LatentTransform& t : cands) {
+    MLAKV_ASSIGN_OR_RETURN(std::vector<LatentTransformKernel> k, make_latent_transform_kernels(t));
+    kernels.push_back(std::move(k));
+  }
+  std::vector<std::vector<double>> max_abs(static_cast<std::size_t>(K), std::vector<double>(static_cast<std::size_t>(n)));
   for (std::size_t w = 0; w < wins.size(); ++w) {
     Runner r{model, *ref};
     r.start();
     const Status st = r.forward(wins[w], logits, true, [&](int layer, const TensorView& kv) {
-      const LatentTransformKernel& k = kernels[static_cast<std::size_t>(layer)];
       float buf[kLatentDim];
-      double m = out.max_abs[static_cast<std::size_t>(layer)];
-      for (int64_t t = 0; t < kv.size(0); ++t) {
-        k.latent(kv.ptr<const float>() + t * kLatentDim, buf);
-        for (float v : buf) m = std::max(m, static_cast<double>(std::abs(v)));
+      for (int k = 0; k < K; ++k) {
+        const LatentTransformKernel& kern = kernels[static_cast<std::size_t>(k)][static_cast<std::size_t>(layer)];
+        double m = max_abs[static_cast<std::size_t>(k)][static_cast<std::size_t>(layer)];
+        for (int64_t t = 0; t < kv.size(0); ++t) {
+          kern.latent(kv.ptr<const float>() + t * kLatentDim, buf);
+          for (float v : buf) m = std::max(m, static_cast<double>(std::abs(v)));
+        }
+        max_abs[static_cast<std::size_t>(k)][static_cast<std::size_t>(layer)] = m;
       }
-      out.max_abs[static_cast<std::size_t>(layer)] = m;
     });
     r.finish();
     MLAKV_RETURN_IF_ERROR(st.with_context(fmt::format("calibration window {}", w)));
     report_progress(progress, "calibration (max |c'|)", static_cast<int64_t>(wins.size() + w) + 1, total);
   }
-  MLAKV_RETURN_IF_ERROR(set_transform_outer_scales(out.transform, out.max_abs));
+  for (int k = 0; k < K; ++k)
+    MLAKV_RETURN_IF_ERROR(set_transform_outer_scales(cands[static_cast<std::size_t>(k)],
+                                                     max_abs[static_cast<std::size_t>(k)]));
+  int best = 0;
+  if (K > 1) {
+    // Selection on the same calibration windows: each candidate folded into the model and its
+    // cache in select_format run against the unquantized reference (one reference pass per
+    // window for all of them); the lowest mean KLD wins, ties to the first.
+    std::vector<EvalCacheSpec> specs;
+    for (const LatentTransform& t : cands) {
+      auto folded = model.fold_latent_transform(t);
+      if (!folded.ok()) return folded.status().with_context("seed selection");
+      specs.push_back({recipe.select_format, {}, "seed", std::move(folded).value(), "mlakv"});
+    }
+    EvalOptions eo;
+    eo.context = context;
+    eo.windows = windows;
+    eo.progress = [&](std::string_view, int64_t d, int64_t) {
+      report_progress(progress, "calibration (seed selection)", 2 * static_cast<int64_t>(wins.size()) + d, total);
+    };
+    auto rep = evaluate(model, tokens.subspan(static_cast<std::size_t>(skip)), specs, eo);
+    if (!rep.ok()) return rep.status().with_context("seed selection");
+    LatentSeedSearch s;
+    s.format = std::string(format_name(recipe.select_format));
+    s.context = context;
+    s.windows = windows;
+    for (int k = 0; k < K; ++k) {
+      const double kld = rep->rows[static_cast<std::size_t>(k)].kld.kld_mean();
+      if (!std::isfinite(kld)) return internal_error(fmt::format("seed selection: candidate {} has KLD {}", k, kld));
+      s.seeds.push_back(recipe.seed + static_cast<uint64_t>(k) * kLatentSeedStride);
+      s.kld_mean.push_back(kld);
+      if (kld < s.kld_mean[static_cast<std::size_t>(best)]) best = k;
+    }
+    s.chosen = s.seeds[static_cast<std::size_t>(best)];
+    cands[static_cast<std::size_t>(best)].seed_search = std::move(s);
+  }
+  LatentTransformCalibration out;
+  out.transform = std::move(cands[static_cast<std::size_t>(best)]);
+  out.max_abs = std::move(max_abs[static_cast<std::size_t>(best)]);
+  MLAKV_RETURN_IF_ERROR(validate_latent_transform(out.transform));
   return out;
 }
 

@@ -53,6 +53,9 @@ StatusOr<EvalReport> eval_model(Model& model, const Tokenizer* tokenizer, std::s
   if (!req.recipe.empty() && !want_fork && !want_mlakv) {
     return invalid_argument(fmt::format("recipe must be fork, mlakv or both, got '{}'", req.recipe));
   }
+  if (want_mlakv && (req.seed_candidates < 1 || req.seed_candidates > 64)) {
+    return invalid_argument(fmt::format("seed_candidates: must be in [1, 64], got {}", req.seed_candidates));
+  }
   if (req.scales.empty() && !req.recipe.empty()) {
     return invalid_argument("recipe needs scales (auto, or a calibration file)");
   }
@@ -86,6 +89,7 @@ StatusOr<EvalReport> eval_model(Model& model, const Tokenizer* tokenizer, std::s
       if (want_mlakv) {
         LatentTransformRecipe r;
         r.importance = req.importance;
+        r.seed_candidates = req.seed_candidates;
         auto c = calibrate_latent_transform(
             model, tokens, req.context, req.calib_windows, skip, r,
             [&](std::string_view, int64_t d, int64_t t) { progress("calibration (mlakv recipe)", d, t); });

@@ -77,6 +77,34 @@ Status validate_latent_transform(const LatentTransform& t, std::string_view sour
   for (int l = 0; l < t.num_layers(); ++l)
     MLAKV_RETURN_IF_ERROR(validate_latent_transform_layer(t.layers[static_cast<std::size_t>(l)],
                                                           fmt::format("{}: layer {}", source, l)));
+  if (!t.seed_search) return Status::Ok();
+  const LatentSeedSearch& s = *t.seed_search;
+  auto bad = [&](std::string_view what) { return invalid_argument(fmt::format("{}: seed_search: {}", source, what)); };
+  if (!parse_format(s.format)) return bad(fmt::format("format '{}' is not a record format", s.format));
+  if (s.context < 2) return bad(fmt::format("context must be >= 2, got {}", s.context));
+  if (s.windows < 1) return bad(fmt::format("windows must be >= 1, got {}", s.windows));
+  if (s.seeds.size() < 2 || s.seeds.size() != s.kld_mean.size())
+    return bad(fmt::format("needs >= 2 candidates, each with a kld_mean (got {} seeds, {} kld_mean)", s.seeds.size(),
+                           s.kld_mean.size()));
+  for (std::size_t i = 0; i < s.seeds.size(); ++i) {
+    if (s.seeds[i] > kMaxSeed) return bad(fmt::format("candidates[{}].seed {} is not below 2^53", i, s.seeds[i]));
+    if (!std::isfinite(s.kld_mean[i]) || s.kld_mean[i] < 0.0)
+      return bad(fmt::format("candidates[{}].kld_mean must be finite and >= 0, got {}", i, s.kld_mean[i]));
+    for (std::size_t j = 0; j < i; ++j)
+      if (s.seeds[j] == s.seeds[i]) return bad(fmt::format("seed {} is a candidate twice", s.seeds[i]));
+  }
+  if (std::find(s.seeds.begin(), s.seeds.end(), s.chosen) == s.seeds.end())
+    return bad(fmt::format("chosen {} is not one of the candidates", s.chosen));
+  for (int l = 0; l < t.num_layers(); ++l) {
+    const LatentTransformLayer& L = t.layers[static_cast<std::size_t>(l)];
+    const uint64_t want = s.chosen + 2 * static_cast<uint64_t>(l);
+    if (L.rotate && L.sign_seed != want)
+      return bad(fmt::format("chosen {} means layer {}'s sign_seed {}, the layer has {}", s.chosen, l, want,
+                             L.sign_seed));
+    if (L.rope_rotate && L.rope_sign_seed != want + 1)
+      return bad(fmt::format("chosen {} means layer {}'s rope_sign_seed {}, the layer has {}", s.chosen, l, want + 1,
+                             L.rope_sign_seed));
+  }
   return Status::Ok();
 }
 
