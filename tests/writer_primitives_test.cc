@@ -153,6 +153,62 @@ TEST(WriterPrimitives, Nvfp4GroupsAreTheScalarCodecs) {
   }
 }
 
+// The group-scale code from the group's max |y|: every 31st non-negative float32 (Inf
+// included), and every float within 256 ulps of each boundary 6 (v_c + v_c+1) / 2 between
+// neighbouring e4m3 values, of 6 * 448 (saturation), of 4096 (the clamp) and of 6 * 2^-126
+// (where the quotient turns subnormal). cuda_harness checks every non-negative float32 on
+// the device.
+TEST(WriterPrimitives, Nvfp4GroupScaleCodeIsTheScalarCode) {
+  auto check = [](uint32_t u) {
+    const float a = from_bits(u);
+    ASSERT_EQ(codec::nvfp4_group_scale_code_fast(a), codec::nvfp4_group_scale_code(a)) << "amax bits 0x" << std::hex << u;
+  };
+  for (uint64_t u = 0; u <= 0x7F800000u; u += 31) check(static_cast<uint32_t>(u));
+  check(0x7F800000u);
+  std::vector<float> edges = {6.0f * 448.0f, 4096.0f, 6.0f * 1.17549435e-38f};
+  for (uint32_t c = 0; c < kE4m3MaxCode; ++c) {
+    edges.push_back(6.0f * ((e4m3_to_f32(static_cast<uint8_t>(c)) + e4m3_to_f32(static_cast<uint8_t>(c + 1))) / 2.0f));
+  }
+  for (float e : edges) {
+    const uint32_t b = std::bit_cast<uint32_t>(e);
+    for (uint32_t u = b - 256; u <= b + 256; ++u) check(u);
+  }
+}
+
+// The e4m3 decode of every non-NaN code (the host path is the scalar one; cuda_harness
+// checks the hardware path).
+TEST(WriterPrimitives, E4m3DecodeIsTheScalarDecode) {
+  for (uint32_t c = 0; c < 256; ++c) {
+    if ((c & 0x7Fu) == 0x7Fu) continue;
+    EXPECT_EQ(std::bit_cast<uint32_t>(codec::e4m3_to_f32_fast(c)), std::bit_cast<uint32_t>(e4m3_to_f32(static_cast<uint8_t>(c))))
+        << "code " << c;
+  }
+}
+
+// nvfp4_group_fast with the caller's max |x| (token-scale mode) equals it without.
+TEST(WriterPrimitives, Nvfp4GroupsWithTheMaxHintAreTheSame) {
+  namespace N = layout::nvfp4_ds_mla;
+  std::mt19937 rng(29);
+  const float divisors[] = {0.3f, 37.0f, 1e-20f, 1e35f, 1.5e30f, 9e-19f, 1.0f / 2688.0f};
+  for (float s : divisors) {
+    for (int rep = 0; rep < 50; ++rep) {
+      const std::vector<float> lat = adversarial_latent(rng, s);
+      uint8_t want[N::kRecordBytes] = {};
+      codec::encode_nvfp4_latent(lat.data(), s, want);
+      for (int g = 0; g < 32; ++g) {
+        float amax = 0.0f;
+        for (int i = 0; i < 16; ++i) amax = std::max(amax, std::fabs(lat[16 * g + i]));
+        uint32_t w[2];
+        const uint8_t sf = codec::nvfp4_group_fast(lat.data() + 16 * g, s, w, amax);
+        ASSERT_EQ(sf, want[N::kScaleOffset + g]) << "s " << s << " group " << g;
+        for (int b = 0; b < 8; ++b) {
+          ASSERT_EQ(static_cast<uint8_t>(w[b / 4] >> (8 * (b % 4))), want[N::kLatentOffset + 8 * g + b]) << "s " << s;
+        }
+      }
+    }
+  }
+}
+
 TEST(WriterPrimitives, Fp8TilesAreTheScalarCodecs) {
   std::mt19937 rng(23);
   std::normal_distribution<float> nd;

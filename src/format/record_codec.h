@@ -212,6 +212,44 @@ MLAKV_HD float reciprocal_rn(float b) {
 #endif
 }
 
+// max(a, b) for a, b never NaN (the writers' magnitudes): one FMNMX on the device where
+// fmax_f's compare-and-select is two instructions; the same value (+0 and -0 do not occur:
+// the operands are magnitudes or products of them).
+MLAKV_HD float fmax_nonnan(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return fmaxf(a, b);
+#else
+  return fmax_f(a, b);
+#endif
+}
+
+// nvfp4_group_scale_code(amax_y) = e4m3_rn_satfinite(amax_y / 6) for amax_y >= 0 (Inf
+// included): the division through Markstein's sequence with RN(1/6) (the IEEE quotient for
+// amax_y in [2^-100, 4096] where the quotient is normal; below, a non-negative value under
+// 2^-120 whose code is 0 either way), amax_y clamped to 4096 first (every quotient above
+// 448 saturates to the same code 0x7E), then the hardware e4m3 conversion. Exhaustive over
+// every non-negative float32 (tests/writer_primitives_test.cc, cuda_harness).
+MLAKV_HD uint8_t nvfp4_group_scale_code_fast(float amax_y) {
+  constexpr float kSix = kE2m1Max, kRcpSix = 0.166666672f;  // RN(1/6) = 0x3E2AAAAB
+  static_assert(kE2m1Max == 6.0f);
+  const float a = amax_y < 4096.0f ? amax_y : 4096.0f;
+  return static_cast<uint8_t>(e4m3x2_satfinite(div_rn_by_reciprocal(a, kSix, kRcpSix), 0.0f) & 0xFFu);
+}
+
+// e4m3_to_f32(c) for a non-NaN code c (0..0x7E, 0x80..0xFE): on sm_89+ the hardware
+// e4m3 -> f16 conversion (every e4m3 value is an f16 value) and the exact f16 -> f32 one.
+MLAKV_HD float e4m3_to_f32_fast(uint32_t c) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  uint32_t h2;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(static_cast<uint16_t>(c & 0xFFu)));
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(static_cast<uint16_t>(h2 & 0xFFFFu)));
+  return f;
+#else
+  return e4m3_to_f32(static_cast<uint8_t>(c));
+#endif
+}
+
 // x / s for the encoders below, through the reciprocal rs = RN(1/s) where that is provably
 // the IEEE quotient:
 //   - s a power of two in [2^-126, 2^126]: rs is exact, x * rs is the same real number as
@@ -264,22 +302,26 @@ MLAKV_HD void fp8_codes16(const float* x, float s, float max_abs_x, uint32_t* w)
 
 // One 16-dim nvfp4 group as encode_nvfp4_latent writes it: the scale code (returned) and
 // the 8 code bytes (two little-endian u32), for the divisor s > 0 (s_l, or s_t).
-MLAKV_HD uint8_t nvfp4_group_fast(const float* x, float s, uint32_t* w) {
+// max_abs_x: the group's max |x| where the caller has it (token-scale mode), else < 0.
+MLAKV_HD uint8_t nvfp4_group_fast(const float* x, float s, uint32_t* w, float max_abs_x = -1.0f) {
   namespace N = layout::nvfp4_ds_mla;
   static_assert(N::kGroupDim == 16);
   const float rs = reciprocal_rn(s);
   DivPath path = div_path(s, 0.0f, rs);
   if (path != DivPath::kPow2) {
-    float amax_x = 0.0f;
-    for (int i = 0; i < 16; ++i) amax_x = fmax_f(amax_x, fabs_f(x[i]));
+    float amax_x = max_abs_x;
+    if (amax_x < 0.0f) {
+      amax_x = 0.0f;
+      for (int i = 0; i < 16; ++i) amax_x = fmax_nonnan(amax_x, fabs_f(x[i]));
+    }
     path = div_path(s, amax_x, rs);
   }
   float y[16];  // |x| / s; max is exact, so amax_y is the scalar codec's amax of |y|
   abs_div_n<16>(x, s, rs, path, y);
   float amax_y = 0.0f;
-  for (int i = 0; i < 16; ++i) amax_y = fmax_f(amax_y, y[i]);
-  const uint8_t sf_code = nvfp4_group_scale_code(amax_y);
-  const float sf = e4m3_to_f32(sf_code);
+  for (int i = 0; i < 16; ++i) amax_y = fmax_nonnan(amax_y, y[i]);
+  const uint8_t sf_code = nvfp4_group_scale_code_fast(amax_y);
+  const float sf = e4m3_to_f32_fast(sf_code);
   w[0] = w[1] = 0;
   if (sf == 0.0f) return sf_code;  // nvfp4_quantize: zero codes, no sign
   // sf in [2^-9, 448]: div_rn_by_e4m3 is exact for every |y| >= 2^-12, i.e. every element

@@ -1210,15 +1210,15 @@ TEST_F(Cuda, WritersApplyTheLatentTransformAsTheCpu) {
 }
 
 // The writers' fast element primitives (format/record_codec.h) on the device against the
-// scalar codec on the device: every float32 through the hardware e4m3 / bf16 conversions
-// and the e2m1 rounding; the division through the reciprocal for every e4m3 group scale
+// scalar codec on the device: every float32 through the hardware e4m3 / bf16 conversions,
+// the e2m1 rounding and the nvfp4 group-scale code; every e4m3 code through the decode; the division through the reciprocal for every e4m3 group scale
 // over two whole binades of dividends and for 512 random divisors over a binade each.
 // NaN inputs are reported, not required (not specified on the device).
 TEST_F(Cuda, WriterPrimitivesEqualTheScalarCodec) {
   unsigned long long counts[test::kNumPrimitiveChecks], first[test::kNumPrimitiveChecks];
   ASSERT_EQ(test::check_writer_primitives(counts, first), 0);
   const char* names[] = {"e4m3x2", "e4m3x2 (NaN in)", "bf16x2", "bf16x2 (NaN in)", "e2m1", "division by group scales",
-                         "division by s"};
+                         "division by s", "nvfp4 group-scale code", "e4m3 decode"};
   for (int k = 0; k < test::kNumPrimitiveChecks; ++k) {
     std::printf("  %-26s %llu mismatches%s\n", names[k], counts[k],
                 counts[k] ? fmt::format(" (first: input 0x{:08x}, got 0x{:x})", first[k] >> 32, first[k] & 0xFFFFFFFFu).c_str() : "");

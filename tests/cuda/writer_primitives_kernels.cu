@@ -1,6 +1,7 @@
 // The CUDA writers' fast element primitives (format/record_codec.h) against the scalar
 // codec functions, both run on the device: the hardware e4m3 / bf16 conversions and the
-// e2m1 rounding over every float32, the division through the reciprocal over every e4m3
+// e2m1 rounding and the nvfp4 group-scale code over every float32, the e4m3 decode over
+// every code, the division through the reciprocal over every e4m3
 // divisor x two whole binades of dividends, and random divisors of the reciprocal path.
 #include <cuda_runtime.h>
 
@@ -31,6 +32,14 @@ __global__ void every_float_kernel(unsigned long long* counts, unsigned long lon
     if ((bits & 0x7FFFFFFFu) <= 0x7F800000u) {
       const uint32_t c = codec::e2m1_code(fabsf(x), x);
       if (c != f32_to_e2m1_satfinite(x)) note(counts, first, kE2m1, bits, c);
+    }
+    if (bits <= 0x7F800000u) {
+      const uint32_t sc = codec::nvfp4_group_scale_code_fast(x);
+      if (sc != codec::nvfp4_group_scale_code(x)) note(counts, first, kNvfp4ScaleCode, bits, sc);
+    }
+    if (bits < 256u && (bits & 0x7Fu) != 0x7Fu) {
+      const float d = codec::e4m3_to_f32_fast(bits);
+      if (f32_bits(d) != f32_bits(e4m3_to_f32(static_cast<uint8_t>(bits)))) note(counts, first, kE4m3Decode, bits, f32_bits(d));
     }
   }
 }

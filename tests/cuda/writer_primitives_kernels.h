@@ -13,6 +13,8 @@ enum PrimitiveCheck : int {
   kE2m1,            // e2m1_code vs f32_to_e2m1_satfinite, non-NaN inputs
   kDivGroupScale,   // div_rn_by_e4m3 and div_rn_by_reciprocal vs IEEE, every e4m3 divisor, dividends [1, 4)
   kDivScale,        // the same for random divisors on the reciprocal path
+  kNvfp4ScaleCode,  // nvfp4_group_scale_code_fast vs nvfp4_group_scale_code, every float >= 0 and +Inf
+  kE4m3Decode,      // e4m3_to_f32_fast vs e4m3_to_f32, every non-NaN code
   kNumPrimitiveChecks
 };
 

@@ -169,6 +169,12 @@ __device__ __forceinline__ float warp_max(float v, int width) {
   for (int o = width / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, o, width));
   return v;
 }
+// The max over the whole warp of a magnitude v >= 0 (never NaN): the float32 bits of
+// non-negative floats order as the floats, so one redux.sync on the bits (sm_80+) gives
+// the same value as warp_max(v, 32)'s five shuffles and maxima.
+__device__ __forceinline__ float warp_max_magnitude(float v) {
+  return __uint_as_float(__reduce_max_sync(0xFFFFFFFFu, __float_as_uint(v)));
+}
 
 // A lane's part of the nvfp4 subnormal-scale tally (WriterParams::tally), over the tokens
 // its warp encodes: its group's max |latent| against 6 * 2^-6 s_l, in double as
@@ -248,16 +254,17 @@ __device__ __forceinline__ void encode_token(const WriterParams& p, const LaneTr
     // The divisor: s_l, or in token-scale mode s_t = token_amax * f32(1/2688) (the max over
     // the warp is exact, so s_t equals the scalar codec's nvfp4_token_scale).
     float s = p.outer_scale;
+    float lane_amax = -1.0f;  // this group's max |x| in token-scale mode (nvfp4_group_fast's hint)
     if (p.token_scale) {
-      float lane_amax = 0.0f;
+      lane_amax = 0.0f;
 #pragma unroll
       for (int i = 0; i < kLaneDims; ++i) lane_amax = fmaxf(lane_amax, fabsf(x[i]));
-      s = warp_max(lane_amax, 32) * layout::nvfp4_token_scale::kFactor;
+      s = warp_max_magnitude(lane_amax) * layout::nvfp4_token_scale::kFactor;
     }
     if (p.tally != nullptr) tally.add(x, s);  // set outside token-scale mode only (s = s_l)
     uint8_t sf_code = 0;
     uint32_t w[2] = {0, 0};
-    if (s != 0.0f) sf_code = codec::nvfp4_group_fast(x, s, w);  // s_t = 0: an all-zero latent, zero codes and scales
+    if (s != 0.0f) sf_code = codec::nvfp4_group_fast(x, s, w, lane_amax);  // s_t = 0: an all-zero latent, zero codes and scales
     *reinterpret_cast<uint2*>(rec + P::kLatentOffset + Ln::kLatentBytes * lane) = make_uint2(w[0], w[1]);
     rec[P::kScaleOffset + lane] = sf_code;
     // The token scale's bits, or zero: the first u32 of the pad at kTokenScaleOffset.
@@ -271,7 +278,7 @@ __device__ __forceinline__ void encode_token(const WriterParams& p, const LaneTr
       static_assert(F == KvFormat::kNvfp4DsMlaFp8Rope || F == KvFormat::kNvfp4DsMlaInt8Rope);
       static_assert(record::kTokenScaleOffset == P::kPadOffset, "368 B: s_t is the pad's first u32");
       const float lane_ramax = fmaxf(fabsf(v0), fabsf(v1));
-      const float ramax = warp_max(lane_ramax, 32);
+      const float ramax = warp_max_magnitude(lane_ramax);
       const float rs = F == KvFormat::kNvfp4DsMlaFp8Rope ? codec::rope_fp8_scale(ramax) : codec::rope_int8_scale(ramax);
       const uint16_t codes = static_cast<uint16_t>(codec::rope_codes2<F>(v0, v1, rs, lane_ramax));
       if (lane == 0) {
