@@ -22,9 +22,14 @@ def decode(records: Array, format: str, *, outer_scale: float = 1.0, latent_dim:
            rope_dim: int = 64, token_scale: bool = False) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
     """records [n, record_bytes] uint8 -> (latent [n, 512], rope [n, 64]) float32."""
 def write_cache(kv_cache: Array, slot_mapping: Array, latent: Array, rope: Array, *, format: str,
-                outer_scale: float = 1.0, fp8_scales: str = "pow2", stream: int = 0, token_scale: bool = False) -> None:
+                outer_scale: float = 1.0, fp8_scales: str = "pow2", stream: int = 0, token_scale: bool = False,
+                check_scales: bool | None = None) -> None:
     """vLLM's concat_and_cache_mla: kv_cache [num_blocks, block_size, record_bytes] uint8 (written in place),
-    slot_mapping [n] int64/int32 (-1 = padding, skipped), latent [n, 512], rope [n, 64]. All or nothing."""
+    slot_mapping [n] int64/int32 (-1 = padding, skipped), latent [n, 512], rope [n, 64]. All or nothing.
+    check_scales: warn (UserWarning) when most nvfp4 group scales of the written tokens fall into e4m3
+    subnormals (small latents at an uncalibrated outer_scale; the message names the fix). None: on for
+    CPU caches, off for CUDA ones (there the check reads a device tally back and synchronizes the stream;
+    not for CUDA-graph capture)."""
 
 class CacheLayer:
     """One layer of a paged cache over memory it keeps alive."""

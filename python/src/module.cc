@@ -25,6 +25,8 @@
 
 #include "mlakv/attention.h"
 #ifdef MLAKV_PY_CUDA
+#include <cuda_runtime.h>
+
 #include "mlakv/cuda.h"
 #endif
 #include "mlakv/cache.h"
@@ -446,24 +448,79 @@ std::tuple<nb::object, nb::object> decode(const AnyArray& records, const std::st
   return {nb::cast(lat), nb::cast(rp)};
 }
 
+// The nvfp4 subnormal-scale check behind the C++ cache's warning (mlakv/codec.h): a Python
+// UserWarning naming the fix when most group scales of what was written fell into e4m3
+// subnormals (a layer with small latents at an uncalibrated outer scale). The GIL is held.
+void warn_on_scales(KvFormat format, const Nvfp4ScaleCheck& c, float outer_scale) {
+  const std::string w = nvfp4_scale_warning(format, c, outer_scale);
+  if (!w.empty() && PyErr_WarnEx(PyExc_UserWarning, w.c_str(), 1) != 0) throw nb::python_error();
+}
+
+#ifdef MLAKV_PY_CUDA
+// write_cache on the GPU with the writer's scale tally (cuda::Nvfp4ScaleTally) in a device
+// buffer of the cache's device, read back after the stream: synchronizes, so it is opt-in.
+Nvfp4ScaleCheck write_cache_cuda_checked(const CacheLayerView& v, const TensorView& s, const TensorView& l,
+                                         const TensorView& r, Fp8ScaleMode mode, void* stream) {
+  int previous = 0;
+  auto cuda_ok = [](cudaError_t e, const char* what) {
+    if (e != cudaSuccess) check(internal_error(std::string(what) + ": " + cudaGetErrorString(e)));
+  };
+  cuda_ok(cudaGetDevice(&previous), "cudaGetDevice");
+  cuda_ok(cudaSetDevice(v.device.index), "cudaSetDevice");
+  void* d = nullptr;
+  cudaError_t e = cudaMalloc(&d, sizeof(cuda::Nvfp4ScaleTally));
+  cuda::Nvfp4ScaleTally tally;
+  Status st = Status::Ok();
+  if (e == cudaSuccess) e = cudaMemsetAsync(d, 0, sizeof tally, static_cast<cudaStream_t>(stream));
+  if (e == cudaSuccess) {
+    st = cuda::write_cache(v, s, l, r, mode, stream, nullptr, static_cast<cuda::Nvfp4ScaleTally*>(d));
+    if (st.ok()) e = cudaMemcpyAsync(&tally, d, sizeof tally, cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(stream));
+    if (st.ok() && e == cudaSuccess) e = cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
+  }
+  if (d != nullptr) (void)cudaFree(d);
+  (void)cudaSetDevice(previous);
+  check(st);
+  cuda_ok(e, "write_cache(check_scales=True)");
+  return tally.to_check();
+}
+#endif
+
 void write_cache(const AnyMutArray& kv_cache, const AnyArray& slot_mapping, const AnyArray& latent,
                  const AnyArray& rope, const std::string& format, float outer_scale, const std::string& fp8_scales,
-                 uintptr_t stream, bool token_scale) {
+                 uintptr_t stream, bool token_scale, std::optional<bool> check_scales) {
   nb::object holder = nb::cast(kv_cache);
   CacheLayer layer = cache_layer_from_tensor(holder, kv_cache, format, outer_scale, token_scale);
   const TensorView s = view_of(slot_mapping, "slot_mapping"), l = view_of(latent, "latent"), r = view_of(rope, "rope");
   const Fp8ScaleMode mode = fp8_mode_of(fp8_scales);
-  if (layer.view.device.type == DeviceType::kCuda) {
+  const CacheLayerView& v = layer.view;
+  const bool on_cuda = v.device.type == DeviceType::kCuda;
+  // What the check is for: formats with an outer scale, outside the per-token scale mode.
+  const bool checked = check_scales.value_or(!on_cuda) && format_info(v.format).has_outer_scale && !v.token_scale;
+  if (on_cuda) {
 #ifdef MLAKV_PY_CUDA
+    if (checked) {
+      Nvfp4ScaleCheck c;
+      {
+        nb::gil_scoped_release nogil;
+        c = write_cache_cuda_checked(v, s, l, r, mode, reinterpret_cast<void*>(stream));
+      }
+      warn_on_scales(v.format, c, v.outer_scale);
+      return;
+    }
     nb::gil_scoped_release nogil;
-    check(cuda::write_cache(layer.view, s, l, r, mode, reinterpret_cast<void*>(stream)));
+    check(cuda::write_cache(v, s, l, r, mode, reinterpret_cast<void*>(stream)));
     return;
 #else
     throw nb::value_error("kv_cache: a CUDA tensor, but this build of mlakv has no CUDA backend");
 #endif
   }
-  nb::gil_scoped_release nogil;
-  check(write_cache_layer(layer.view, s, l, r, mode));
+  Nvfp4ScaleCheck c;
+  {
+    nb::gil_scoped_release nogil;
+    check(write_cache_layer(v, s, l, r, mode));
+    if (checked) c = value(nvfp4_scale_check(l, v.outer_scale));
+  }
+  if (checked) warn_on_scales(v.format, c, v.outer_scale);
 }
 
 // ---- planning and scales ----------------------------------------------------------------------------------
@@ -1138,7 +1195,8 @@ NB_MODULE(_core, m) {
   m.def("decode", &decode, "records"_a, "format"_a, nb::kw_only(), "outer_scale"_a = 1.0f,
         "latent_dim"_a = kLatentDim, "rope_dim"_a = kRopeDim, "token_scale"_a = false);
   m.def("write_cache", &write_cache, "kv_cache"_a, "slot_mapping"_a, "latent"_a, "rope"_a, nb::kw_only(),
-        "format"_a, "outer_scale"_a = 1.0f, "fp8_scales"_a = "pow2", "stream"_a = 0, "token_scale"_a = false);
+        "format"_a, "outer_scale"_a = 1.0f, "fp8_scales"_a = "pow2", "stream"_a = 0, "token_scale"_a = false,
+        "check_scales"_a = nb::none());
 
   nb::class_<CacheLayer>(m, "CacheLayer")
       .def_prop_ro("num_blocks", [](const CacheLayer& c) { return c.view.num_blocks; })

@@ -3,6 +3,7 @@
 import json
 import os
 import subprocess
+import warnings
 
 import numpy as np
 import pytest
@@ -169,6 +170,29 @@ def test_vllm_style_kv_cache_tensor_used_in_place(rng):
     # The FlashMLA byte convention: the first 512 bytes e4m3, 4 fp32 scales, bf16 rope.
     scales = flat[17, 512:528].copy().view(np.float32)
     assert np.all(scales > 0) and np.all(np.log2(scales) == np.round(np.log2(scales)))  # pow2 tile scales
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4_ds_mla", "nvfp4_ds_mla_fp8rope", "nvfp4_ds_mla_int8rope"])
+def test_write_cache_warns_when_nvfp4_scales_fall_into_subnormals(rng, fmt):
+    # GLM-5.2-like shallow-layer latents (max |c| ~0.02) at outer scale 1: every group scale
+    # amax/6 < 2^-6 is an e4m3 subnormal; the warning names the calibrated outer scale.
+    rb = mlakv.record_bytes(fmt)
+    lat, rope = latents(rng, 8)
+    small = (lat * (0.02 / np.abs(lat).max())).astype(np.float32)
+    kv = np.zeros((1, 16, rb), np.uint8)
+    with pytest.warns(UserWarning, match=r"subnormals.*s_l = ") as w:
+        mlakv.write_cache(kv, np.arange(8), small, rope, format=fmt)
+    assert len(w) == 1
+    suggested = float(str(w[0].message).split("s_l = ")[1].split()[0])
+    assert suggested == pytest.approx(float(np.abs(small).max()) / 2688, rel=1e-5)
+    np.testing.assert_array_equal(kv.reshape(-1, rb)[:8], mlakv.encode(small, rope, fmt))  # written all the same
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        mlakv.write_cache(kv, np.arange(8), small, rope, format=fmt, check_scales=False)  # asked not to check
+        mlakv.write_cache(kv, np.arange(8), small, rope, format=fmt, outer_scale=suggested)  # calibrated
+        mlakv.write_cache(kv, np.arange(8), lat, rope, format=fmt)  # natural-size latents
+        mlakv.write_cache(kv, np.arange(8), small, rope, format=fmt, token_scale=True)  # per-token scales
+        mlakv.write_cache(np.zeros((1, 16, 656), np.uint8), np.arange(8), small, rope, format="fp8_ds_mla")
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4_ds_mla_fp8rope", "nvfp4_ds_mla_int8rope"])

@@ -31,6 +31,29 @@ def test_write_cache_on_cuda_matches_cpu_bytes(fmt):
     np.testing.assert_array_equal(kv.cpu().numpy(), ref)
 
 
+def test_write_cache_on_cuda_warns_on_subnormal_scales_when_asked():
+    # check_scales=True reads the writer's device tally back: the same warning as the CPU
+    # path over the same tokens; by default CUDA writes do not check (no synchronization).
+    import warnings
+    g = torch.Generator().manual_seed(3)
+    lat = torch.randn(40, 512, generator=g)
+    lat = lat * (0.02 / lat.abs().max())
+    rope = torch.randn(40, 64, generator=g)
+    slots = torch.arange(40)
+    kv = torch.zeros(4, 16, 432, dtype=torch.uint8, device="cuda")
+    with pytest.warns(UserWarning, match="subnormals") as w_gpu:
+        mlakv.write_cache(kv, slots.cuda(), lat.cuda(), rope.cuda(), format="nvfp4_ds_mla", stream=stream(),
+                          check_scales=True)
+    with pytest.warns(UserWarning, match="subnormals") as w_cpu:
+        mlakv.write_cache(np.zeros((4, 16, 432), np.uint8), slots.numpy(), lat.numpy(), rope.numpy(),
+                          format="nvfp4_ds_mla")
+    assert str(w_gpu[0].message) == str(w_cpu[0].message)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        mlakv.write_cache(kv, slots.cuda(), lat.cuda(), rope.cuda(), format="nvfp4_ds_mla", stream=stream())
+    torch.cuda.synchronize()
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_mla_decode_on_cuda_matches_cpu(fmt):
     g = torch.Generator().manual_seed(2)
