@@ -41,8 +41,6 @@
 #include "cuda/sm90/attention/launch_rows.h"
 #include "cuda/sm90/attention/ptx_rows.cuh"
 
-#include <type_traits>
-
 namespace mlakv::cuda::sm90 {
 namespace {
 
@@ -53,17 +51,10 @@ constexpr int kRowsConsumerWarps = 4 * kRowWgs;  // 8
 // + a producer warpgroup (warp 8 produces, 9..11 exit): setmaxnreg works per warpgroup,
 // and 9 warps would cap every thread at 168 registers (3 warps on one SM sub-partition).
 constexpr int kRowsThreads = 32 * kRowsConsumerWarps + 128;
-#if __has_include("cuda/sm90/attention/rows2_variant.h")
-#include "cuda/sm90/attention/rows2_variant.h"
-#endif
-#ifndef ROWS2_PIPE
-#define ROWS2_PIPE 1
-#endif
-#ifndef ROWS2_CR
-#define ROWS2_CR 232
-#define ROWS2_PR 40
-#endif
-constexpr int kRowsConsumerRegs = ROWS2_CR, kRowsProducerRegs = ROWS2_PR;  // 2 x 232 + 40 <= 512 per sub-partition
+// 2 x 240 + 24 = 3 x 168 per sub-partition (what the launch holds); the producer's
+// produce() fits in 24 unspilled, and 240 against 232 takes fp8's spills from 88 to 40 B
+// (1.5-2% faster, docs/perf.md "rows2").
+constexpr int kRowsConsumerRegs = 240, kRowsProducerRegs = 24;
 constexpr int kRowsSmem = 227 * 1024;                            // one CTA per SM (the opt-in maximum)
 template <KvFormat F>
 constexpr int rows_pt_copies() {
@@ -83,18 +74,11 @@ constexpr int kSdQtBytes = kWgKSteps * kSdQtStep;    // Q^T of the CTA
 constexpr int kSdPtBytes = (kWgTile / 16) * kSdQtStep;  // one P^T copy
 constexpr int kSdXBytes = 128 * 16 * 4;              // one warpgroup's outgoing partial scores
 constexpr int kSdRedFloats = 4 * kRW + 16;           // per warpgroup: [4 warps][32 rows] + [4 warps][4 scales]
-#ifndef ROWS2_MSMEM
-#define ROWS2_MSMEM 0
-#endif
-// With kSmemStats the running row maxima (two copies, by tile parity) and each thread's
-// partial row sums live in shared memory instead of 16 registers per thread.
-constexpr bool kSmemStats = ROWS2_MSMEM;
-constexpr int kSdMiscBytes = 2 * 8 * kMaxStages + 4 * kMaxStages + 4 * kRR * 7;  // + vis, sc, alpha, l, m, m[2]
-constexpr int kSdLBytes = kSmemStats ? 4 * 8 * 256 : 0;  // [8 rows][256 consumer threads]
+constexpr int kSdMiscBytes = 2 * 8 * kMaxStages + 4 * kMaxStages + 4 * kRR * 5;  // + vis, sc, alpha, l, m
 template <KvFormat F>
 constexpr int sd_fixed_bytes() {
   return kSdQtBytes + rows_pt_copies<F>() * kSdPtBytes + kRowWgs * (kSdXBytes + 4 * kSdRedFloats) +
-         ((kSdMiscBytes + 127) & ~127) + kSdLBytes;
+         ((kSdMiscBytes + 127) & ~127);
 }
 template <KvFormat F>
 constexpr int sd_stages() {
@@ -118,20 +102,6 @@ __global__ void __launch_bounds__(kRowsThreads, 1) attention_rows_kernel(const _
   constexpr int kCopies = rows_pt_copies<F>();
   constexpr bool kFp8 = F == KvFormat::kFp8DsMla;
   constexpr bool kBf = F == KvFormat::kBf16;
-  // Software pipelining across tiles (the next tile's score MMAs during this tile's
-  // softmax) holds two tiles in the ring: 4 stages (bf16's 1168 B stages fit only 3).
-  constexpr bool kPipe = ROWS2_PIPE && S >= 4;
-#ifndef ROWS2_OPENPV
-#define ROWS2_OPENPV 0
-#endif
-  // Without pipelining: leave the last P V group in flight into the next tile's first
-  // score group (waited on by the scores' first wait).
-  constexpr bool kOpenPv = ROWS2_OPENPV && !kPipe;
-#ifndef ROWS2_H1
-#define ROWS2_H1 0
-#define ROWS2_H2 1
-#define ROWS2_H3 2
-#endif
   extern __shared__ __align__(128) uint8_t smem[];
   uint8_t* ring = smem;
   uint8_t* qt = smem + static_cast<std::size_t>(S) * kT * kS;
@@ -147,8 +117,6 @@ __global__ void __launch_bounds__(kRowsThreads, 1) attention_rows_kernel(const _
   float* row_alpha = row_sc + kRR;
   float* fin_l = row_alpha + kRR;
   float* fin_m = fin_l + kRR;
-  float* row_m = fin_m + kRR;  // [2][kRR] (kSmemStats)
-  float* lsm = reinterpret_cast<float*>(misc + ((kSdMiscBytes + 127) & ~127));  // [8][256] (kSmemStats)
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int row_block = blockIdx.x, split = blockIdx.z;
@@ -198,7 +166,6 @@ __global__ void __launch_bounds__(kRowsThreads, 1) attention_rows_kernel(const _
       }
     }
     row_vis[tid] = vis;
-    row_m[tid] = row_m[kRR + tid] = -INFINITY;
   }
   __syncthreads();
 
@@ -283,32 +250,30 @@ __global__ void __launch_bounds__(kRowsThreads, 1) attention_rows_kernel(const _
   float m_run[4][2], l_run[4][2];  // the warpgroup's 32 softmax rows
 #pragma unroll
   for (int j = 0; j < 4; ++j) m_run[j][0] = m_run[j][1] = -INFINITY, l_run[j][0] = l_run[j][1] = 0.0f;
-  if constexpr (kSmemStats) {
-#pragma unroll
-    for (int i = 0; i < 8; ++i) lsm[256 * i + ctid] = 0.0f;
-  }
   float sig[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   using P = record::Parts<F>;
   float4* xmine = reinterpret_cast<float4*>(xbuf + wg * kSdXBytes) + w * 128 + lane;
   const float4* xother = reinterpret_cast<const float4*>(xbuf + (1 - wg) * kSdXBytes) + w * 128 + lane;
 
-  // The stages of consumer tile t: tokens 0..31 in stage 2t, 32..63 in stage 2t + 1; warp w
-  // computes the scores of tokens 16 w .. 16 w + 15 (its rows rg, rg8: tokens tl, tl + 8).
-  const int tl = 16 * (w & 1) + g;
-  auto stage_of = [&](int t, int half) { return ring + ((2 * t + half) % S) * kT * kS; };
-  auto wait_tile = [&](int t) {
-    ptx::mbar_wait(mlakv::cuda::ptx::smem_addr(&full[(2 * t) % S]), ((2 * t) / S) & 1);
-    ptx::mbar_wait(mlakv::cuda::ptx::smem_addr(&full[(2 * t + 1) % S]), ((2 * t + 1) / S) & 1);
-  };
-  // ---- partial scores of warp w's 16 tokens x the 64 rows over the warpgroup's dims ----
-  // (Both warpgroups run the same instruction stream, only addresses differ: wgmma in a
-  // warpgroup-dependent branch is serialized by ptxas.) hook(k) runs after MMA group k is
-  // issued, before it is waited on: the pipelined schedule puts the previous tile's
-  // softmax there, so that it runs while the tensor cores work on this tile's scores.
-  auto scores = [&](int t, float (&acc)[32], auto&& hook) {
-    const uint8_t* mystage = stage_of(t, w >> 1);
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    const int pt0 = 2 * tile, pt1 = 2 * tile + 1;
+    const int st0 = pt0 % S, st1 = pt1 % S;
+    ptx::mbar_wait(mlakv::cuda::ptx::smem_addr(&full[st0]), (pt0 / S) & 1);
+    ptx::mbar_wait(mlakv::cuda::ptx::smem_addr(&full[st1]), (pt1 / S) & 1);
+    const uint8_t* stage0 = ring + st0 * kT * kS;
+    const uint8_t* stage1 = ring + st1 * kT * kS;
+    const uint8_t* mystage = (w >> 1) ? stage1 : stage0;
+    const int tl = 16 * (w & 1) + g;
     const uint8_t* rg = mystage + tl * kS;
     const uint8_t* rg8 = rg + 8 * kS;
+    auto ts = [&](int q, int h) -> float {
+      if constexpr (kFp8) return ldsf((h ? rg8 : rg) + P::kScaleOffset + 4 * q);
+      else return 1.0f;
+    };
+    // ---- partial scores of this warp's 16 tokens x the 64 rows over the warpgroup's dims ----
+    // (Both warpgroups run the same instruction stream, only addresses differ: wgmma in a
+    // warpgroup-dependent branch is serialized by ptxas.)
+    float acc[32];
     if constexpr (kBf) {
       // k-steps 18 wg .. 18 wg + 17: four groups of 4, one of 2
       const uint8_t* arow = mystage + (16 * (w & 1) + (lane & 15)) * kS + (lane >> 4) * 16 + 32 * 18 * wg;
@@ -324,13 +289,8 @@ __global__ void __launch_bounds__(kRowsThreads, 1) attention_rows_kernel(const _
         for (int j = 0; j < nk; ++j) ptx::wgmma_n64_bf16(acc, a[j], qw + 128 * (4 * ch + j), b_hi, (ch == 0 && j == 0) ? 0 : 1);
         ptx::wg_commit();
         ptx::wg_wait<1>();
-        hook(ch);
       }
     } else {
-      auto ts = [&](int q, int h) -> float {
-        if constexpr (kFp8) return ldsf((h ? rg8 : rg) + P::kScaleOffset + 4 * q);
-        else return 1.0f;
-      };
       // Rope k-steps 32 + 2 wg, 33 + 2 wg first: bf16 rope adds unscaled; e4m3 rope is
       // scaled per token by the record's rope scale before the latent chunks add on.
       {
@@ -349,7 +309,6 @@ __global__ void __launch_bounds__(kRowsThreads, 1) attention_rows_kernel(const _
           else ptx::wgmma_n64_bf16(acc, ar[jj], d, b_hi, jj == 0 ? 0 : 1);
         }
         ptx::wg_commit();
-        hook(0);
         if constexpr (f16_rope(F)) {
           ptx::wg_wait<0>();
           ptx::wg_hold32(acc);
@@ -392,37 +351,10 @@ __global__ void __launch_bounds__(kRowsThreads, 1) attention_rows_kernel(const _
         } else {
           ptx::wg_wait<1>();
         }
-        hook(kq + 1);  // only group kq + 1 in flight (none after an fp8 quarter's fix-up)
       }
-    }
-  };
-  auto no_hook = [](int) {};
-
-  // One consumer tile: its scores (unless the previous iteration issued them), the exchange,
-  // the softmax, P V. With `next` (the pipelined schedule, kPipe), the next tile's score
-  // MMAs are issued between the softmax steps, and its accumulator comes out in acc.
-  float acc[32];
-  auto tile_body = [&](int tile, auto own_scores, auto next) {
-    constexpr bool kOwn = decltype(own_scores)::value, kNext = decltype(next)::value;
-    const int st0 = (2 * tile) % S, st1 = (2 * tile + 1) % S;
-    const uint8_t* stage0 = stage_of(tile, 0);
-    const uint8_t* stage1 = stage_of(tile, 1);
-    [[maybe_unused]] const uint8_t* rg = ((w >> 1) ? stage1 : stage0) + tl * kS;
-    [[maybe_unused]] const uint8_t* rg8 = rg + 8 * kS;
-    auto ts = [&](int q, int h) -> float {
-      if constexpr (kFp8) return ldsf((h ? rg8 : rg) + P::kScaleOffset + 4 * q);
-      else return 1.0f;
-    };
-    if constexpr (kOwn) {
-      wait_tile(tile);
-      scores(tile, acc, no_hook);
     }
     ptx::wg_wait<0>();
     ptx::wg_hold32(acc);
-    if constexpr (kOpenPv) {
-#pragma unroll
-      for (int mb = 0; mb < 4; ++mb) ptx::wg_hold32(o[mb]);
-    }
     // ---- exchange: the other warpgroup's rows go out, this one's partials come in ----
 #pragma unroll
     for (int v = 0; v < 4; ++v) {  // rows of j = 4 (1 - wg) + v
@@ -441,158 +373,113 @@ __global__ void __launch_bounds__(kRowsThreads, 1) attention_rows_kernel(const _
       s[4 * v + 2] = (wg ? acc[jh + 2] : acc[jl + 2]) + x.z;
       s[4 * v + 3] = (wg ? acc[jh + 3] : acc[jl + 3]) + x.w;
     }
-    float ratio[4] = {1.0f, 1.0f, 1.0f, 1.0f};
-    [[maybe_unused]] float inv[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    // softmax step 1: mask, scale, the row maxima of this warp's tokens (and fp8's tile
-    // scale maxima) to the warpgroup's reduction buffer
-    auto softmax_max = [&] {
-      const uint32_t mask = vmask[(w >> 1) ? st1 : st0];
-      const int64_t tb = begin + static_cast<int64_t>(tile) * kWgTile + 16 * w + g;
+
+    const uint32_t mask = vmask[(w >> 1) ? st1 : st0];
+    const int64_t tb = begin + static_cast<int64_t>(tile) * kWgTile + 16 * w + g;
 #pragma unroll
-      for (int i = 0; i < 16; ++i) {
-        const int j = i >> 2, h = (i >> 1) & 1, e = i & 1;
-        const int r = wrow0 + 8 * j + 2 * c + e;
-        const bool ok = ((mask >> (tl + 8 * h)) & 1u) && tb + 8 * h < row_vis[r];
-        s[i] = ok ? s[i] * row_sc[r] : -INFINITY;
-      }
-      float mx[4][2];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float v = fmaxf(s[4 * j + e], s[4 * j + 2 + e]);
-          v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 4));
-          v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 8));
-          v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 16));
-          mx[j][e] = v;
-        }
-      }
-      float tsm[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      if constexpr (kFp8) {
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          float v = fmaxf(ts(q, 0), ts(q, 1));
-          v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 4));
-          v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 8));
-          v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 16));
-          tsm[q] = v;
-        }
-      }
-      if (g == 0) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) red[w * kRW + 8 * j + 2 * c + e] = mx[j][e];
-        }
-        if (kFp8 && c == 0) {
-#pragma unroll
-          for (int q = 0; q < 4; ++q) red[4 * kRW + 4 * w + q] = tsm[q];
-        }
-      }
-    };
-    // softmax step 2: the warpgroup's row maxima, the rescale factors, P = exp2(s - m), l
-    auto softmax_exp = [&] {
-      ptx::named_barrier(bar, 128);
-      const int par = tile & 1;
-      if constexpr (kSmemStats) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            m_run[j][e] = row_m[kRR * par + wrow0 + 8 * j + 2 * c + e];
-            l_run[j][e] = lsm[256 * (2 * j + e) + ctid];
-          }
-        }
-      }
-      float alpha[4][2];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int r = 8 * j + 2 * c + e;
-          const float mt = fmaxf(fmaxf(red[r], red[kRW + r]), fmaxf(red[2 * kRW + r], red[3 * kRW + r]));
-          const float m_new = fmaxf(m_run[j][e], mt);
-          alpha[j][e] = m_run[j][e] == -INFINITY ? 0.0f : exp2f(m_run[j][e] - m_new);
-          m_run[j][e] = m_new;
-        }
-      }
-      if constexpr (kFp8) {
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const float* rs = red + 4 * kRW + q;
-          const float sm = fmaxf(fmaxf(rs[0], rs[4]), fmaxf(rs[8], rs[12]));
-          if (sm > sig[q]) {
-            ratio[q] = sig[q] / sm;
-            sig[q] = sm;
-          }
-          inv[q] = sig[q] > 0.0f ? 1.0f / sig[q] : 0.0f;
-        }
-      }
-#pragma unroll
-      for (int i = 0; i < 16; ++i) {
-        const int j = i >> 2, e = i & 1;
-        s[i] = m_run[j][e] == -INFINITY ? 0.0f : exp2f(s[i] - m_run[j][e]);
-      }
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) l_run[j][e] = l_run[j][e] * alpha[j][e] + s[4 * j + e] + s[4 * j + 2 + e];
-      }
-      if constexpr (kSmemStats) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            lsm[256 * (2 * j + e) + ctid] = l_run[j][e];
-            if (w == 0 && g == 0) row_m[kRR * (par ^ 1) + wrow0 + 8 * j + 2 * c + e] = m_run[j][e];
-          }
-        }
-      }
-      if (w == 0 && g == 0) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) row_alpha[wrow0 + 8 * j + 2 * c + e] = alpha[j][e];
-        }
-      }
-    };
-    // softmax step 3: this warp's P^T (f16; bf16 for bf16 records) to shared memory
-    auto softmax_store = [&] {
-      auto pk = [](float lo, float hi) {
-        if constexpr (kBf) return mlakv::cuda::ptx::pack_bf16x2(lo, hi);
-        else return ptx::pack_f16x2(lo, hi);
-      };
-#pragma unroll
-      for (int q = 0; q < kCopies; ++q) {
-        float f0 = 1.0f, f1 = 1.0f;
-        if constexpr (kFp8) {
-          f0 = ts(q, 0) * inv[q];
-          f1 = ts(q, 1) * inv[q];
-        }
-#pragma unroll
-        for (int jh = 0; jh < 2; ++jh) {
-          const float* x = s + 8 * jh;
-          ptx::stmatrix_x4_trans(pt_addr + q * kSdPtBytes + kSdQtStep * w + 1024 * wg + 512 * jh + 16 * lane,
-                                 pk(x[0] * f0, x[1] * f0), pk(x[2] * f1, x[3] * f1), pk(x[4] * f0, x[5] * f0),
-                                 pk(x[6] * f1, x[7] * f1));
-        }
-      }
-      ptx::fence_proxy_async();
-    };
-    if constexpr (kNext) {
-      // acc is free (its values are in s): the next tile's score MMAs go out between the
-      // softmax steps. The ring holds both tiles (kPipe: at least 4 stages).
-      wait_tile(tile + 1);
-      scores(tile + 1, acc, [&](int k) {
-        if (k == ROWS2_H1) softmax_max();
-        if (k == ROWS2_H2) softmax_exp();
-        if (k == ROWS2_H3) softmax_store();
-      });
-    } else {
-      softmax_max();
-      softmax_exp();
-      softmax_store();
+    for (int i = 0; i < 16; ++i) {
+      const int j = i >> 2, h = (i >> 1) & 1, e = i & 1;
+      const int r = wrow0 + 8 * j + 2 * c + e;
+      const bool ok = ((mask >> (tl + 8 * h)) & 1u) && tb + 8 * h < row_vis[r];
+      s[i] = ok ? s[i] * row_sc[r] : -INFINITY;
     }
+    float mx[4][2];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float v = fmaxf(s[4 * j + e], s[4 * j + 2 + e]);
+        v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 4));
+        v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 8));
+        v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 16));
+        mx[j][e] = v;
+      }
+    }
+    float tsm[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if constexpr (kFp8) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        float v = fmaxf(ts(q, 0), ts(q, 1));
+        v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 4));
+        v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 8));
+        v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 16));
+        tsm[q] = v;
+      }
+    }
+    if (g == 0) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) red[w * kRW + 8 * j + 2 * c + e] = mx[j][e];
+      }
+      if (kFp8 && c == 0) {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) red[4 * kRW + 4 * w + q] = tsm[q];
+      }
+    }
+    ptx::named_barrier(bar, 128);
+    float alpha[4][2];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int r = 8 * j + 2 * c + e;
+        const float mt = fmaxf(fmaxf(red[r], red[kRW + r]), fmaxf(red[2 * kRW + r], red[3 * kRW + r]));
+        const float m_new = fmaxf(m_run[j][e], mt);
+        alpha[j][e] = m_run[j][e] == -INFINITY ? 0.0f : exp2f(m_run[j][e] - m_new);
+        m_run[j][e] = m_new;
+      }
+    }
+    float ratio[4] = {1.0f, 1.0f, 1.0f, 1.0f}, inv[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if constexpr (kFp8) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const float* rs = red + 4 * kRW + q;
+        const float sm = fmaxf(fmaxf(rs[0], rs[4]), fmaxf(rs[8], rs[12]));
+        if (sm > sig[q]) {
+          ratio[q] = sig[q] / sm;
+          sig[q] = sm;
+        }
+        inv[q] = sig[q] > 0.0f ? 1.0f / sig[q] : 0.0f;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      const int j = i >> 2, e = i & 1;
+      s[i] = m_run[j][e] == -INFINITY ? 0.0f : exp2f(s[i] - m_run[j][e]);
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) l_run[j][e] = l_run[j][e] * alpha[j][e] + s[4 * j + e] + s[4 * j + 2 + e];
+    }
+    if (w == 0 && g == 0) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) row_alpha[wrow0 + 8 * j + 2 * c + e] = alpha[j][e];
+      }
+    }
+    auto pk = [](float lo, float hi) {
+      if constexpr (kBf) return mlakv::cuda::ptx::pack_bf16x2(lo, hi);
+      else return ptx::pack_f16x2(lo, hi);
+    };
+#pragma unroll
+    for (int q = 0; q < kCopies; ++q) {
+      float f0 = 1.0f, f1 = 1.0f;
+      if constexpr (kFp8) {
+        f0 = ts(q, 0) * inv[q];
+        f1 = ts(q, 1) * inv[q];
+      }
+#pragma unroll
+      for (int jh = 0; jh < 2; ++jh) {
+        const float* x = s + 8 * jh;
+        ptx::stmatrix_x4_trans(pt_addr + q * kSdPtBytes + kSdQtStep * w + 1024 * wg + 512 * jh + 16 * lane,
+                               pk(x[0] * f0, x[1] * f0), pk(x[2] * f1, x[3] * f1), pk(x[4] * f0, x[5] * f0),
+                               pk(x[6] * f1, x[7] * f1));
+      }
+    }
+    ptx::fence_proxy_async();
     ptx::named_barrier(kBarAll, 256);
 
     // ---- O rescale with every row's factor ----
@@ -649,41 +536,12 @@ __global__ void __launch_bounds__(kRowsThreads, 1) attention_rows_kernel(const _
       ptx::mbar_arrive(mlakv::cuda::ptx::smem_addr(&empty[st0]));
       ptx::mbar_arrive(mlakv::cuda::ptx::smem_addr(&empty[st1]));
     }
-    if constexpr (!kOpenPv || kNext) {
-      ptx::wg_wait<0>();
+    ptx::wg_wait<0>();
 #pragma unroll
-      for (int mb = 0; mb < 4; ++mb) ptx::wg_hold32(o[mb]);
-      if constexpr (kNext) ptx::wg_hold32(acc);
-    }
-  };
-  if constexpr (kPipe) {
-    if (n_tiles > 0) {
-      wait_tile(0);
-      scores(0, acc, no_hook);
-    }
-    for (int tile = 0; tile + 1 < n_tiles; ++tile) tile_body(tile, std::false_type{}, std::true_type{});
-    if (n_tiles > 0) tile_body(n_tiles - 1, std::false_type{}, std::false_type{});
-  } else {
-    for (int tile = 0; tile < n_tiles; ++tile) tile_body(tile, std::true_type{}, std::false_type{});
-    if constexpr (kOpenPv) {  // the last tile's P V
-      ptx::wg_wait<0>();
-#pragma unroll
-      for (int mb = 0; mb < 4; ++mb) ptx::wg_hold32(o[mb]);
-    }
+    for (int mb = 0; mb < 4; ++mb) ptx::wg_hold32(o[mb]);
   }
 
   // ---- finalize: l and m of the warpgroup's rows to shared memory, then every row's output dims ----
-  if constexpr (kSmemStats) {
-    ptx::named_barrier(kBarAll, 256);  // the last tile's row maxima
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        m_run[j][e] = row_m[kRR * (n_tiles & 1) + wrow0 + 8 * j + 2 * c + e];
-        l_run[j][e] = lsm[256 * (2 * j + e) + ctid];
-      }
-    }
-  }
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
 #pragma unroll
