@@ -363,9 +363,9 @@ const KvFormat kFormats[] = {KvFormat::kBf16, KvFormat::kFp8DsMla, KvFormat::kNv
 // The formats the sm90 kernel serves (all five; token-scale layers run on sm80 on Hopper, for now).
 const KvFormat kSm90Formats[] = {KvFormat::kBf16, KvFormat::kFp8DsMla, KvFormat::kNvfp4DsMla,
                                  KvFormat::kNvfp4DsMlaFp8Rope, KvFormat::kNvfp4DsMlaInt8Rope};
-// The formats the many-row sm90 kernel serves (nvfp4_ds_mla_int8rope stays on the 16-row one).
+// The formats the many-row sm90 kernel serves (the same five).
 const KvFormat kSm90RowsFormats[] = {KvFormat::kBf16, KvFormat::kFp8DsMla, KvFormat::kNvfp4DsMla,
-                                     KvFormat::kNvfp4DsMlaFp8Rope};
+                                     KvFormat::kNvfp4DsMlaFp8Rope, KvFormat::kNvfp4DsMlaInt8Rope};
 const KvFormat kNvfp4Formats[] = {KvFormat::kNvfp4DsMla, KvFormat::kNvfp4DsMlaFp8Rope, KvFormat::kNvfp4DsMlaInt8Rope};
 
 // ---- attention: one named case per parameter set ------------------------------------------

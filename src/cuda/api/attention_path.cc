@@ -43,11 +43,10 @@ constexpr AttentionKernels kSm90Kernels{"sm90",
                                         &sm90::split_granule_of,
                                         /*programmatic_combine=*/true};
 
-// The many-row kernel: the sm90 kernel's devices and formats but nvfp4_ds_mla_int8rope (no
-// many-row instantiation yet: it runs on the 16-row kernel), requests of >= 64 rows
+// The many-row kernel: the sm90 kernel's devices and formats, requests of >= 64 rows
 // (dense: the s_q * H rows of a request share its KV; sparse: the H rows of one query).
 bool sm90_rows_serves(const MlaAttentionParams& p) {
-  if (p.q.ndim != 4 || p.cache.format == KvFormat::kNvfp4DsMlaInt8Rope) return false;
+  if (p.q.ndim != 4) return false;
   const int64_t rows = p.sparse() ? p.q.size(2) : p.q.size(1) * p.q.size(2);
   return rows >= sm90::kRowsMinRows && sm90_serves(p);
 }
@@ -92,8 +91,7 @@ StatusOr<AttentionPath> select_attention_path(const MlaAttentionParams& p) {
         "binary built with 90a in MLAKV_CUDA_ARCHS, one of bf16, fp8_ds_mla, nvfp4_ds_mla, nvfp4_ds_mla_fp8rope, "
         "nvfp4_ds_mla_int8rope at L=512 R=64 without the token-scale mode (token-scale layers run on sm80 for now) "
         "and a 16-byte aligned cache{}; got {}, {}, {} B records{}, {} rows per request)",
-        env, require_rows ? ", and for sm90_rows at least 64 rows per request (dense s_q * H, sparse H) and not "
-                            "nvfp4_ds_mla_int8rope" : "",
+        env, require_rows ? ", and for sm90_rows at least 64 rows per request (dense s_q * H, sparse H)" : "",
         device_name(p.cache.device), format_name(p.cache.format), p.cache.record_bytes,
         p.cache.token_scale ? ", token-scale mode" : "",
         p.q.ndim == 4 ? (p.sparse() ? p.q.size(2) : p.q.size(1) * p.q.size(2)) : 0));

@@ -8,16 +8,16 @@
 namespace mlakv::cuda::sm90 {
 
 int configure_attention_rows(KvFormat format, int record_bytes_) {
-  return dispatch_format(format, int{cudaErrorInvalidValue},
+  return dispatch_format<KernelSet::kAll>(format, int{cudaErrorInvalidValue},
                          [&](auto tag) { return configure_rows<decltype(tag)::value>(record_bytes_); });
 }
 
 int attention_rows_ctas_per_sm(KvFormat format, int record_bytes_) {
-  return dispatch_format(format, 0, [&](auto tag) { return ctas_per_sm_rows<decltype(tag)::value>(record_bytes_); });
+  return dispatch_format<KernelSet::kAll>(format, 0, [&](auto tag) { return ctas_per_sm_rows<decltype(tag)::value>(record_bytes_); });
 }
 
 int launch_attention_rows(KvFormat format, const kernels::AttentionParams& p, int row_blocks, void* stream) {
-  return dispatch_format(format, int{cudaErrorInvalidValue},
+  return dispatch_format<KernelSet::kAll>(format, int{cudaErrorInvalidValue},
                          [&](auto tag) { return launch_rows<decltype(tag)::value>(p, row_blocks, stream); });
 }
 

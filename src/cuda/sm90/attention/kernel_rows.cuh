@@ -90,7 +90,8 @@ constexpr std::size_t sd_smem_bytes() {
   return static_cast<std::size_t>(sd_stages<F>()) * kT * Fmt<F>::kStride + sd_fixed_bytes<F>();
 }
 static_assert(sd_stages<KvFormat::kBf16>() >= 2 && sd_stages<KvFormat::kFp8DsMla>() >= 2 &&
-              sd_stages<KvFormat::kNvfp4DsMla>() >= 2 && sd_stages<KvFormat::kNvfp4DsMlaFp8Rope>() >= 2);
+              sd_stages<KvFormat::kNvfp4DsMla>() >= 2 && sd_stages<KvFormat::kNvfp4DsMlaFp8Rope>() >= 2 &&
+              sd_stages<KvFormat::kNvfp4DsMlaInt8Rope>() >= 2);
 static_assert(sd_smem_bytes<KvFormat::kBf16>() <= kRowsSmem && sd_smem_bytes<KvFormat::kFp8DsMla>() <= kRowsSmem);
 static_assert(kRowsTokenTile == kWgTile, "split chunks are rounded to the consumer tile (launch_rows.h)");
 
