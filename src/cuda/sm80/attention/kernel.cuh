@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "cuda/common/cta_work.cuh"
 #include "cuda/sm80/attention/config.h"
 #include "cuda/sm80/attention/launch.h"
 #include "cuda/sm80/attention/mma.cuh"
@@ -54,37 +55,13 @@ __global__ void __launch_bounds__(kThreads) mla_attention_kernel(KParams p) {
   constexpr int kStages = staging_stages(F) > 0 ? staging_stages(F) : 1;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, c = lane & 3;
-  const int row_block = blockIdx.x, split = blockIdx.z;
-  int b, i_fixed = 0;
-  if (p.sparse) {
-    b = blockIdx.y / p.s_q;
-    i_fixed = blockIdx.y % p.s_q;
-  } else {
-    b = blockIdx.y;
-  }
-  const int rows_req = p.sparse ? p.H : p.s_q * p.H;  // rows of this request (or query)
-  const int row0 = row_block * kRows;
-
-  // Row r of the CTA -> (query i, head h); rows past the request are inert.
-  auto row_query = [&](int r) { return p.sparse ? i_fixed : (row0 + r) / p.H; };
-  auto row_head = [&](int r) { return p.sparse ? row0 + r : (row0 + r) % p.H; };
-
-  // ---- token range of this split ----
-  int64_t n_max;
-  // Device seqlens are not validated by the host: clamp them to what the table covers.
-  const int32_t seqlen =
-      p.sparse ? 0 : static_cast<int32_t>(std::clamp<int64_t>(p.seqlens[b * p.sl_s0], 0, p.bt_cols * p.block_size));
-  if (p.sparse) {
-    n_max = p.topk;
-    if (p.topk_length != nullptr) n_max = std::clamp<int64_t>(p.topk_length[b * p.tl_s0], 0, n_max);
-  } else {
-    const int last_row = std::min(row0 + kRows, rows_req) - 1;
-    const int i_last = last_row / p.H;
-    n_max = p.causal ? std::min<int64_t>(seqlen, std::max<int64_t>(0, seqlen - p.s_q + i_last + 1)) : seqlen;
-  }
-  const int64_t chunk = (n_max + p.num_splits - 1) / p.num_splits;
-  const int64_t begin = std::min<int64_t>(n_max, split * chunk), end = std::min<int64_t>(n_max, begin + chunk);
-  const int n_tiles = static_cast<int>((end - begin + kTile - 1) / kTile);
+  const int split = blockIdx.z;
+  const CtaWork cw = cta_work<kRows, 1, kTile>(p);  // cuda/common/cta_work.cuh
+  const int b = cw.b, i_fixed = cw.i_fixed, rows_req = cw.rows_req, row0 = cw.row0;
+  const int64_t begin = cw.begin, end = cw.end;
+  const int n_tiles = cw.n_tiles;
+  auto row_query = [&](int r) { return cw.query(p, r); };
+  auto row_head = [&](int r) { return cw.head(p, r); };
   auto tile_pos = [&](int tile, int t) { return begin + static_cast<int64_t>(tile) * kTile + t; };
 
   // ---- Q (bf16) staged in a K buffer the first loads do not target ----
@@ -105,18 +82,7 @@ __global__ void __launch_bounds__(kThreads) mla_attention_kernel(KParams p) {
     }
     *reinterpret_cast<uint32_t*>(q_stage + r * kKStride + d) = ptx::pack_bf16x2(v0, v1);
   }
-  if (tid < kRows) {
-    int32_t vis = 0;
-    if (row0 + tid < rows_req) {
-      if (p.sparse) {
-        vis = 0x7FFFFFFF;
-      } else {
-        const int i = row_query(tid);
-        vis = p.causal ? std::max(0, std::min(seqlen, seqlen - p.s_q + i + 1)) : seqlen;
-      }
-    }
-    sm.row_vis[tid] = vis;
-  }
+  if (tid < kRows) sm.row_vis[tid] = cw.visible(p, tid);
   if constexpr (uses_lut(F)) fill_lut(sm.lut, tid);
   // Slots of the first D + 1 tiles (later ones are prefetched inside the loop).
   if (tid < kTile) {

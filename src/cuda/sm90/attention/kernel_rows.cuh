@@ -120,34 +120,13 @@ __global__ void __launch_bounds__(kRowsThreads, 1) attention_rows_kernel(const _
   float* fin_m = fin_l + kRR;
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int row_block = blockIdx.x, split = blockIdx.z;
-  int b, i_fixed = 0;
-  if (p.sparse) {
-    b = blockIdx.y / p.s_q;
-    i_fixed = blockIdx.y % p.s_q;
-  } else {
-    b = blockIdx.y;
-  }
-  const int rows_req = p.sparse ? p.H : p.s_q * p.H;
-  const int row0 = row_block * kRR;
-  auto row_query = [&](int r) { return p.sparse ? i_fixed : (row0 + r) / p.H; };
-  auto row_head = [&](int r) { return p.sparse ? row0 + r : (row0 + r) % p.H; };
-
-  const int32_t seqlen =
-      p.sparse ? 0 : static_cast<int32_t>(std::clamp<int64_t>(p.seqlens[b * p.sl_s0], 0, p.bt_cols * p.block_size));
-  int64_t n_max;
-  if (p.sparse) {
-    n_max = p.topk;
-    if (p.topk_length != nullptr) n_max = std::clamp<int64_t>(p.topk_length[b * p.tl_s0], 0, n_max);
-  } else {
-    const int last_row = std::min(row0 + kRR, rows_req) - 1;
-    const int i_last = last_row / p.H;
-    n_max = p.causal ? std::min<int64_t>(seqlen, std::max<int64_t>(0, seqlen - p.s_q + i_last + 1)) : seqlen;
-  }
-  const int64_t per_split = (n_max + p.num_splits - 1) / p.num_splits;
-  const int64_t chunk = (per_split + kWgTile - 1) / kWgTile * kWgTile;
-  const int64_t begin = std::min<int64_t>(n_max, split * chunk), end = std::min<int64_t>(n_max, begin + chunk);
-  const int n_tiles = static_cast<int>((end - begin + kWgTile - 1) / kWgTile);
+  const int split = blockIdx.z;
+  const CtaWork cw = cta_work<kRR, kWgTile, kWgTile>(p);  // cuda/common/cta_work.cuh
+  const int b = cw.b, i_fixed = cw.i_fixed, rows_req = cw.rows_req, row0 = cw.row0;
+  const int64_t begin = cw.begin, end = cw.end;
+  const int n_tiles = cw.n_tiles;
+  auto row_query = [&](int r) { return cw.query(p, r); };
+  auto row_head = [&](int r) { return cw.head(p, r); };
 
   if (tid == 0) {
     for (int s = 0; s < S; ++s) {
@@ -156,18 +135,7 @@ __global__ void __launch_bounds__(kRowsThreads, 1) attention_rows_kernel(const _
     }
     ptx::mbar_init_fence();
   }
-  if (tid < kRR) {
-    int32_t vis = 0;
-    if (row0 + tid < rows_req) {
-      if (p.sparse) {
-        vis = 0x7FFFFFFF;
-      } else {
-        const int i = row_query(tid);
-        vis = p.causal ? std::max(0, std::min(seqlen, seqlen - p.s_q + i + 1)) : seqlen;
-      }
-    }
-    row_vis[tid] = vis;
-  }
+  if (tid < kRR) row_vis[tid] = cw.visible(p, tid);
   __syncthreads();
 
   if (warp >= kRowsConsumerWarps) {
