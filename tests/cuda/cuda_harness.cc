@@ -719,6 +719,38 @@ bool is_hopper() {
   return cudaGetDeviceProperties(&prop, 0) == cudaSuccess && prop.major == 9;
 }
 
+// A case's params pointed at device buffers of its sizes, for tests that only plan
+// (nothing is uploaded: planning checks devices, shapes and the cache's alignment).
+struct PlanParams {
+  std::vector<float> out, lse;
+  MlaAttentionParams p;
+  DeviceBuffer<uint8_t> cache;
+  DeviceBuffer<float> q, o, l;
+  DeviceBuffer<int32_t> table, seqlens;
+  explicit PlanParams(Host& t)
+      : p(t.params(out, lse)),
+        cache(static_cast<std::size_t>(t.view.num_slots()) * t.view.record_bytes),
+        q(t.q.size()),
+        o(out.size()),
+        l(lse.size()),
+        table(t.table.size()),
+        seqlens(t.seqlens.size()) {
+    const Device dev = Device::cuda(0);
+    p.q.data = q.ptr;
+    p.q.device = dev;
+    p.cache.data = cache.ptr;
+    p.cache.device = dev;
+    p.block_table.data = table.ptr;
+    p.block_table.device = dev;
+    p.seqlens.data = seqlens.ptr;
+    p.seqlens.device = dev;
+    p.out.data = o.ptr;
+    p.out.device = dev;
+    p.lse.data = l.ptr;
+    p.lse.device = dev;
+  }
+};
+
 // On an sm_90 device the default plan must pick the Hopper kernel (so the tests above
 // exercise it there); sm80 forces the portable one; a bad value is a Status.
 TEST_F(Cuda, KernelChoiceFollowsTheDeviceAndTheEnvironment) {
@@ -727,23 +759,8 @@ TEST_F(Cuda, KernelChoiceFollowsTheDeviceAndTheEnvironment) {
   c.heads = 16;
   c.seqlens = {10};
   Host t = build(c);
-  DeviceBuffer<uint8_t> d_cache(static_cast<std::size_t>(t.view.num_slots()) * t.view.record_bytes);
-  std::vector<float> out, lse;
-  MlaAttentionParams p = t.params(out, lse);
-  DeviceBuffer<float> dq(t.q.size()), dout(out.size()), dlse(lse.size());
-  DeviceBuffer<int32_t> dt(t.table.size()), dl(t.seqlens.size());
-  p.q.data = dq.ptr;
-  p.q.device = Device::cuda(0);
-  p.cache.data = d_cache.ptr;
-  p.cache.device = Device::cuda(0);
-  p.block_table.data = dt.ptr;
-  p.block_table.device = Device::cuda(0);
-  p.seqlens.data = dl.ptr;
-  p.seqlens.device = Device::cuda(0);
-  p.out.data = dout.ptr;
-  p.out.device = Device::cuda(0);
-  p.lse.data = dlse.ptr;
-  p.lse.device = Device::cuda(0);
+  PlanParams d(t);
+  MlaAttentionParams& p = d.p;
   {
     auto plan = cuda::plan_mla_attention(p);
     ASSERT_TRUE(plan.ok()) << plan.status().to_string();
@@ -759,10 +776,10 @@ TEST_F(Cuda, KernelChoiceFollowsTheDeviceAndTheEnvironment) {
     KernelEnv env("sm90");
     auto plan = cuda::plan_mla_attention(p);
     EXPECT_EQ(plan.ok(), is_hopper());
-    p.cache.data = d_cache.ptr + 8;  // misaligned records: only the portable kernel takes them
+    p.cache.data = d.cache.ptr + 8;  // misaligned records: only the portable kernel takes them
     auto misaligned = cuda::plan_mla_attention(p);
     EXPECT_FALSE(misaligned.ok());
-    p.cache.data = d_cache.ptr;
+    p.cache.data = d.cache.ptr;
   }
   {
     // The many-row kernel: never for 16 rows (=sm90_rows refuses them); 128 heads pick
@@ -774,21 +791,8 @@ TEST_F(Cuda, KernelChoiceFollowsTheDeviceAndTheEnvironment) {
     Case w = c;
     w.heads = 128;
     Host tw = build(w);
-    std::vector<float> out_w, lse_w;
-    MlaAttentionParams pw = tw.params(out_w, lse_w);
-    DeviceBuffer<float> dqw(tw.q.size()), doutw(out_w.size()), dlsew(lse_w.size());
-    pw.q.data = dqw.ptr;
-    pw.q.device = Device::cuda(0);
-    pw.cache.data = d_cache.ptr;
-    pw.cache.device = Device::cuda(0);
-    pw.block_table.data = dt.ptr;
-    pw.block_table.device = Device::cuda(0);
-    pw.seqlens.data = dl.ptr;
-    pw.seqlens.device = Device::cuda(0);
-    pw.out.data = doutw.ptr;
-    pw.out.device = Device::cuda(0);
-    pw.lse.data = dlsew.ptr;
-    pw.lse.device = Device::cuda(0);
+    PlanParams dw(tw);
+    MlaAttentionParams& pw = dw.p;
     auto plan = cuda::plan_mla_attention(pw);
     ASSERT_TRUE(plan.ok()) << plan.status().to_string();
     EXPECT_EQ(plan->path, is_hopper() ? cuda::AttentionPath::kSm90Rows : cuda::AttentionPath::kSm80);
@@ -822,23 +826,8 @@ TEST_F(Cuda, TokenScaleLayersRunOnSm80AndInt8RopeOnSm90) {
     c.seqlens = {10};
     SCOPED_TRACE(which == 0 ? "int8 rope" : which == 1 ? "fp8 rope, token-scale mode" : "int8 rope, token-scale mode");
     Host t = build(c);
-    DeviceBuffer<uint8_t> d_cache(static_cast<std::size_t>(t.view.num_slots()) * t.view.record_bytes);
-    std::vector<float> out, lse;
-    MlaAttentionParams p = t.params(out, lse);
-    DeviceBuffer<float> dq(t.q.size()), dout(out.size()), dlse(lse.size());
-    DeviceBuffer<int32_t> dt(t.table.size()), dl(t.seqlens.size());
-    p.q.data = dq.ptr;
-    p.q.device = Device::cuda(0);
-    p.cache.data = d_cache.ptr;
-    p.cache.device = Device::cuda(0);
-    p.block_table.data = dt.ptr;
-    p.block_table.device = Device::cuda(0);
-    p.seqlens.data = dl.ptr;
-    p.seqlens.device = Device::cuda(0);
-    p.out.data = dout.ptr;
-    p.out.device = Device::cuda(0);
-    p.lse.data = dlse.ptr;
-    p.lse.device = Device::cuda(0);
+    PlanParams d(t);
+    MlaAttentionParams& p = d.p;
     auto plan = cuda::plan_mla_attention(p);
     ASSERT_TRUE(plan.ok()) << plan.status().to_string();
     const bool sm90 = which == 0 && is_hopper();
