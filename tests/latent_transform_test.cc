@@ -235,15 +235,28 @@ TEST(LatentTransformFile, RoundTripsEveryFloatExactly) {
   EXPECT_TRUE(load_latent_transform(path).ok());
 }
 
+// A transform file edited into a bad one: parse_latent_transform refuses it with a message
+// that names the file and `want`.
+struct BadEdit {
+  std::function<void(nlohmann::json&)> edit;
+  std::string want;
+};
+void expect_parse_errors(const nlohmann::json& good, const std::vector<BadEdit>& cases) {
+  for (const BadEdit& c : cases) {
+    nlohmann::json j = good;
+    c.edit(j);
+    auto r = parse_latent_transform(j.dump(), "t.json");
+    ASSERT_FALSE(r.ok()) << c.want;
+    EXPECT_NE(r.status().message().find("t.json: "), std::string::npos) << r.status().message();
+    EXPECT_NE(r.status().message().find(c.want), std::string::npos) << r.status().message();
+  }
+}
+
 TEST(LatentTransformFile, StrictParsingNamesTheField) {
   auto text = latent_transform_to_json(two_layers());
   ASSERT_TRUE(text.ok());
   const nlohmann::json good = nlohmann::json::parse(*text);
-  struct Case {
-    std::function<void(nlohmann::json&)> edit;
-    std::string want;
-  };
-  const std::vector<Case> cases = {
+  const std::vector<BadEdit> cases = {
       {[](auto& j) { j["extra"] = 1; }, "unknown key \"extra\""},
       {[](auto& j) { j["layers"][1]["bias"] = 1; }, "layers[1]: unknown key \"bias\""},
       {[](auto& j) { j.erase("format"); }, "'format' is missing"},
@@ -270,14 +283,7 @@ TEST(LatentTransformFile, StrictParsingNamesTheField) {
       {[](auto& j) { j["layers"][1]["max_abs"] = -1.0; }, "layers[1].max_abs"},
       {[](auto& j) { j["layers"][1] = 5; }, "layers[1] must be an object"},
   };
-  for (const Case& c : cases) {
-    nlohmann::json j = good;
-    c.edit(j);
-    auto r = parse_latent_transform(j.dump(), "t.json");
-    ASSERT_FALSE(r.ok()) << c.want;
-    EXPECT_NE(r.status().message().find("t.json: "), std::string::npos) << r.status().message();
-    EXPECT_NE(r.status().message().find(c.want), std::string::npos) << r.status().message();
-  }
+  expect_parse_errors(good, cases);
   // Not JSON at all, NaN literals, duplicated keys.
   EXPECT_FALSE(parse_latent_transform("{\"format\": NaN}", "t.json").ok());
   std::string dup = *text;
@@ -310,11 +316,7 @@ TEST(LatentTransformFile, SeedSearchRoundTripsAndIsStrict) {
   EXPECT_FALSE(parse_latent_transform(*latent_transform_to_json(two_layers()), "t.json")->seed_search.has_value());
 
   const nlohmann::json good = nlohmann::json::parse(*text);
-  struct Case {
-    std::function<void(nlohmann::json&)> edit;
-    std::string want;
-  };
-  const std::vector<Case> cases = {
+  const std::vector<BadEdit> cases = {
       {[](auto& j) { j["seed_search"]["why"] = 1; }, "seed_search: unknown key \"why\""},
       {[](auto& j) { j["seed_search"].erase("chosen"); }, "seed_search: required field 'chosen' is missing"},
       {[](auto& j) { j["seed_search"] = 3; }, "field 'seed_search' must be an object"},
@@ -332,14 +334,7 @@ TEST(LatentTransformFile, SeedSearchRoundTripsAndIsStrict) {
       {[](auto& j) { j["seed_search"]["candidates"].erase(1); j["seed_search"]["candidates"].erase(1); },
        "needs >= 2 candidates"},
   };
-  for (const Case& c : cases) {
-    nlohmann::json j = good;
-    c.edit(j);
-    auto r = parse_latent_transform(j.dump(), "t.json");
-    ASSERT_FALSE(r.ok()) << c.want;
-    EXPECT_NE(r.status().message().find("t.json: "), std::string::npos) << r.status().message();
-    EXPECT_NE(r.status().message().find(c.want), std::string::npos) << r.status().message();
-  }
+  expect_parse_errors(good, cases);
   // The writer refuses an inconsistent record too (nothing written).
   LatentTransform bad = t;
   bad.seed_search->chosen = 9;
