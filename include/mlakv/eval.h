@@ -166,8 +166,9 @@ struct EvalFormat {
   bool operator==(const EvalFormat&) const = default;
 };
 inline constexpr std::string_view kTokenScaleSuffix = "+token-scale";
-// "NAME" or "NAME+token-scale"; kInvalidArgument naming the text.
-StatusOr<EvalFormat> parse_eval_format(std::string_view text);
+// "NAME" or "NAME+token-scale"; kInvalidArgument naming `what` (the option it came from)
+// and the text.
+StatusOr<EvalFormat> parse_eval_format(std::string_view text, std::string_view what = "formats");
 
 struct EvalRequest {
   std::vector<EvalFormat> formats;  // >= 1; duplicates are dropped, the order is kept

@@ -164,16 +164,13 @@ Status run_generate(const GenArgs& a) {
   EvalCacheSpec spec;
   // "reference" is the unquantized f32 record format, the reference `eval` measures against;
   // an nvfp4 format + "+token-scale" is that format in the per-token scale mode.
-  const bool ts = a.format.size() > kTokenScaleSuffix.size() && a.format.ends_with(kTokenScaleSuffix);
-  const std::string name = ts ? a.format.substr(0, a.format.size() - kTokenScaleSuffix.size()) : a.format;
-  const auto f = name == "reference" ? std::optional<KvFormat>(KvFormat::kF32) : parse_format(name);
-  if (!f) return invalid_argument(fmt::format("--format: unknown format '{}'", name));
-  if (ts && !is_nvfp4_format(*f)) {
-    return invalid_argument(fmt::format("--format {}: +token-scale is a mode of the nvfp4 formats only", a.format));
+  EvalFormat row{KvFormat::kF32, false};
+  if (a.format != "reference") {
+    MLAKV_ASSIGN_OR_RETURN(row, parse_eval_format(a.format, "--format"));
   }
-  spec.format = *f;
-  spec.token_scale = ts;
-  if (ts) spec.scales_label = "token";
+  spec.format = row.format;
+  spec.token_scale = row.token_scale;
+  if (row.token_scale) spec.scales_label = "token";
   MLAKV_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::load(a.model, ModelLoadOptions{.threads = a.threads}));
   MLAKV_ASSIGN_OR_RETURN(Tokenizer tok, tokenizer_for(a.model, *model));
   MLAKV_ASSIGN_OR_RETURN(std::vector<int32_t> prompt, tok.encode(a.prompt, true));

@@ -74,14 +74,9 @@ StatusOr<std::vector<int64_t>> input_positions(const SafetensorsFile& f, int64_t
 Status run_layer_forward(const LayerForwardArgs& a) {
   // NAME, or an nvfp4 NAME + "+token-scale": the per-token scale mode (as `mlakv eval --formats`
   // and `mlakv generate --format` spell it).
-  const bool token_scale = a.format.size() > kTokenScaleSuffix.size() && a.format.ends_with(kTokenScaleSuffix);
-  const std::string name = token_scale ? a.format.substr(0, a.format.size() - kTokenScaleSuffix.size()) : a.format;
-  const std::optional<KvFormat> format = parse_format(name);
-  if (!format) return invalid_argument(fmt::format("--format: unknown format '{}' (see 'mlakv formats')", name));
-  if (token_scale && !is_nvfp4_format(*format)) {
-    return invalid_argument(fmt::format("--format {}: {} is a mode of the nvfp4 formats only", a.format,
-                                        kTokenScaleSuffix));
-  }
+  MLAKV_ASSIGN_OR_RETURN(const EvalFormat row, parse_eval_format(a.format, "--format"));
+  const KvFormat format = row.format;
+  const bool token_scale = row.token_scale;
   if (token_scale && !a.scales.empty()) {
     return invalid_argument(fmt::format("--format {} with --scales {}: the per-token scale mode replaces the outer "
                                         "scale (s_t per record); give no calibration file",
@@ -122,12 +117,12 @@ Status run_layer_forward(const LayerForwardArgs& a) {
                              LatentTransformKernel::create(f.transform.layers[static_cast<std::size_t>(a.layer)]));
     }
   }
-  MLAKV_ASSIGN_OR_RETURN(CacheLayerFormats lf, cache_layer_formats(*format, 1, nullptr));
+  MLAKV_ASSIGN_OR_RETURN(CacheLayerFormats lf, cache_layer_formats(format, 1, nullptr));
   lf.layers[0].token_scale = token_scale;
-  if (transform && format_info(*format).has_outer_scale) lf.layers[0].outer_scale = transform->layer().outer_scale;
+  if (transform && format_info(format).has_outer_scale) lf.layers[0].outer_scale = transform->layer().outer_scale;
   if (scales) {
     // The cache holds this one layer: its scale is the file's entry for --layer.
-    MLAKV_ASSIGN_OR_RETURN(CacheLayerFormats all, cache_layer_formats(*format, a.layer + 1, &*scales));
+    MLAKV_ASSIGN_OR_RETURN(CacheLayerFormats all, cache_layer_formats(format, a.layer + 1, &*scales));
     lf.layers[0] = all.layers.back();
     if (!all.warning.empty()) std::fprintf(stderr, "warning: --scales %s: %s\n", a.scales.c_str(), all.warning.c_str());
   }
@@ -194,7 +189,7 @@ Status run_layer_forward(const LayerForwardArgs& a) {
   const std::map<std::string, std::string> meta = {{"generator", "mlakv layer-forward"},
                                                    {"model", portable_name(cfg.name)},
                                                    {"layer", std::to_string(a.layer)},
-                                                   {"format", std::string(format_name(*format))},
+                                                   {"format", std::string(format_name(format))},
                                                    {"outer_scale", fmt::format("{}", lf.layers[0].outer_scale)},
                                                    {"token_scale", token_scale ? "true" : "false"},
                                                    {"recipe", transform ? "mlakv" : (scales ? "fork" : "none")}};
@@ -218,7 +213,7 @@ Status run_layer_forward(const LayerForwardArgs& a) {
                 {"layer", a.layer},
                 {"tokens", T},
                 {"chunk", chunk},
-                {"format", std::string(format_name(*format))},
+                {"format", std::string(format_name(format))},
                 {"outer_scale", lf.layers[0].outer_scale},
                 {"token_scale", token_scale},
                 {"recipe", transform ? "mlakv" : (scales ? "fork" : "none")},
@@ -227,7 +222,7 @@ Status run_layer_forward(const LayerForwardArgs& a) {
                 {"capture", capture ? nlohmann::json(a.capture) : nlohmann::json(nullptr)}});
   } else {
     fmt::print("layer {} of {}: {} tokens ({} per call) through a {} cache ({}{}) -> {}\n", a.layer, cfg.name, T, chunk,
-               format_name(*format),
+               format_name(format),
                token_scale ? std::string("per-token scale mode")
                            : fmt::format("outer scale {}", lf.layers[0].outer_scale),
                transform ? ", mlakv latent transform" : "", a.output);

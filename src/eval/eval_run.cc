@@ -14,13 +14,13 @@
 
 namespace mlakv {
 
-StatusOr<EvalFormat> parse_eval_format(std::string_view f) {
+StatusOr<EvalFormat> parse_eval_format(std::string_view f, std::string_view what) {
   const bool ts = f.size() > kTokenScaleSuffix.size() && f.ends_with(kTokenScaleSuffix);
   const std::string name(ts ? f.substr(0, f.size() - kTokenScaleSuffix.size()) : f);
   const auto k = parse_format(name);
-  if (!k) return invalid_argument(fmt::format("formats: unknown format '{}'", name));
+  if (!k) return invalid_argument(fmt::format("{}: unknown format '{}'", what, name));
   if (ts && !is_nvfp4_format(*k)) {
-    return invalid_argument(fmt::format("formats {}: {} is a mode of the nvfp4 formats only", f, kTokenScaleSuffix));
+    return invalid_argument(fmt::format("{} {}: {} is a mode of the nvfp4 formats only", what, f, kTokenScaleSuffix));
   }
   return EvalFormat{*k, ts};
 }
