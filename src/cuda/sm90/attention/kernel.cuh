@@ -1496,7 +1496,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_wg_kernel(const __grid_
 #endif  // MLAKV_SM90_DEVICE
 }
 
-// v10, the short sparse splits of the 368-B e2m1 formats (wg2; routing: wg_kernel): two
+// v10, the sparse sets of the 368-B e2m1 formats (wg2; routing: wg_kernel below): two
 // consumer warpgroups per CTA share one V tile, so that 4 consumer warps sit on each
 // scheduler (two 288-thread CTAs per SM, 96 registers) instead of v9's 2. Warpgroup u
 // owns latent dims [256u, 256u + 256) = V tile chunks 4u..4u+3 = score k-steps
@@ -1506,10 +1506,9 @@ __global__ void __launch_bounds__(kThreads, 2) attention_wg_kernel(const __grid_
 // 4u..4u+3) and writes their P^T; the lazy softmax's OR barrier is both warpgroups' P^T
 // barrier, so the common tile has one 128-thread and two 256-thread barriers. The tensor
 // cores see v9's exact f16 operands (a score's f32 sum is taken as two partials). Dense
-// sets stay on v9 (v10 measured 3-6% slower there), long sparse splits go to v8's
-// register path (v10 is 4-25% faster at 1-2 tiles per split, docs/perf.md "occ");
-// nvfp4_ds_mla (432 B) has no v10: its 2 stages leave no room for the exchange at two
-// CTAs per SM.
+// sets stay on v9 (v10 measured 3-6% slower there and 4-24% faster on the sparse TP
+// shapes: docs/perf.md, "occ"); nvfp4_ds_mla (432 B) has no v10: its 2 stages leave no
+// room for the exchange at two CTAs per SM.
 constexpr int kWg2Consumers = 2 * kConsumerThreads;  // 256
 constexpr int kWg2Threads = kWg2Consumers + 32;      // + the producer warp
 constexpr int kWg2XBytes = 2 * kConsumerThreads * 4 * 4;  // partial scores: [receiver][128 threads][4]
@@ -1855,21 +1854,16 @@ __global__ void __launch_bounds__(kWg2Threads, 2) attention_wg2_kernel(const __g
 }
 
 // Which warpgroup kernel a quantized format runs (docs/perf.md, "occ"): fp8 v8; the e2m1
-// formats v9 for dense sets. Sparse sets (scattered per-record copies, whose latency v9's
-// 2-stage ring exposes) run v8's register path (6-7 stages) where a split has more than
-// two 64-token tiles, and the 368-B formats v10 where it has at most two (the latency
-// of a short split is v10's strength; nvfp4_ds_mla has no v10: its exchange does not fit).
+// formats v9 for dense sets; for sparse sets (scattered per-record copies, whose latency
+// v9's 2-stage ring exposes) the 368-B formats v10 and nvfp4_ds_mla v8's register path
+// (6 stages; v10's exchange does not fit beside its 2).
 enum class WgKernel { kV8, kV9, kV10 };
 template <KvFormat F>
-WgKernel wg_kernel(const AttentionParams& p) {
-  if constexpr (!wg_vtile<F>()) {
-    return WgKernel::kV8;
-  } else {
-    if (!p.sparse) return WgKernel::kV9;
-    const int64_t per_split = (static_cast<int64_t>(p.topk) + p.num_splits - 1) / std::max(1, p.num_splits);
-    if (wg2<F>() && per_split <= 2 * kWgTile) return WgKernel::kV10;
-    return WgKernel::kV8;
-  }
+constexpr WgKernel wg_kernel(bool sparse) {
+  if constexpr (!wg_vtile<F>()) return WgKernel::kV8;
+  else if (!sparse) return WgKernel::kV9;
+  else if constexpr (wg2<F>()) return WgKernel::kV10;
+  else return WgKernel::kV8;
 }
 
 template <KvFormat F>
@@ -1881,7 +1875,7 @@ int configure_format() {
     return raise(reinterpret_cast<const void*>(attention_sm90_kernel<F>), smem_bytes<F>());
   } else {
     int e = raise(reinterpret_cast<const void*>(attention_wg_kernel<F>), wg_smem_bytes<F>());
-    if constexpr (wg_vtile<F>()) {
+    if constexpr (wg_vtile<F>() && !wg2<F>()) {
       if (e == 0) e = raise(reinterpret_cast<const void*>(attention_wg_kernel<F, false>), wg_smem_bytes<F, false>());
     }
     if constexpr (wg2<F>()) {
@@ -1903,7 +1897,7 @@ int occupancy_format() {
     return occ(reinterpret_cast<const void*>(attention_sm90_kernel<F>), kThreads, smem_bytes<F>());
   } else {
     int n = occ(reinterpret_cast<const void*>(attention_wg_kernel<F>), kThreads, wg_smem_bytes<F>());
-    if constexpr (wg_vtile<F>()) {
+    if constexpr (wg_vtile<F>() && !wg2<F>()) {
       n = std::min(n, occ(reinterpret_cast<const void*>(attention_wg_kernel<F, false>), kThreads, wg_smem_bytes<F, false>()));
     }
     if constexpr (wg2<F>()) {
@@ -1918,12 +1912,12 @@ cudaError_t launch_format(const AttentionParams& kp, dim3 grid, cudaStream_t s) 
   if constexpr (F == KvFormat::kBf16) {
     attention_sm90_kernel<F><<<grid, kThreads, smem_bytes<F>(), s>>>(kp);
   } else {
-    const WgKernel k = wg_kernel<F>(kp);
-    if (k == WgKernel::kV9 || !wg_vtile<F>()) {
-      attention_wg_kernel<F><<<grid, kThreads, wg_smem_bytes<F>(), s>>>(kp);  // v9, or v8 for fp8
+    const WgKernel k = wg_kernel<F>(kp.sparse);
+    if (k == WgKernel::kV9) {
+      attention_wg_kernel<F><<<grid, kThreads, wg_smem_bytes<F>(), s>>>(kp);
     } else if (k == WgKernel::kV10) {
       if constexpr (wg2<F>()) attention_wg2_kernel<F><<<grid, kWg2Threads, wg2_smem_bytes<F>(), s>>>(kp);
-    } else if constexpr (wg_vtile<F>()) {
+    } else if constexpr (!wg2<F>()) {
       attention_wg_kernel<F, false><<<grid, kThreads, wg_smem_bytes<F, false>(), s>>>(kp);
     }
   }
