@@ -1506,7 +1506,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_wg_kernel(const __grid_
 // 4u..4u+3) and writes their P^T; the lazy softmax's OR barrier is both warpgroups' P^T
 // barrier, so the common tile has one 128-thread and two 256-thread barriers. The tensor
 // cores see v9's exact f16 operands (a score's f32 sum is taken as two partials). Dense
-// sets stay on v9 (v10 measured 3-6% slower there and 4-24% faster on the sparse TP
+// sets stay on v9 (v10 measured 3-6% slower there and 4-25% faster on the sparse TP
 // shapes: docs/perf.md, "occ"); nvfp4_ds_mla (432 B) has no v10: its 2 stages leave no
 // room for the exchange at two CTAs per SM.
 constexpr int kWg2Consumers = 2 * kConsumerThreads;  // 256
