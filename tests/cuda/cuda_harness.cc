@@ -907,6 +907,26 @@ TEST_F(Cuda, HopperWarpgroupKernelTileEdges) {
       check_case(c);
       if (HasFatalFailure()) return;
     }
+    // Sparse sets (the e2m1 formats' sparse kernels: v10 for the 368-B records, v8's
+    // register path for nvfp4_ds_mla): top-k lists around the tile edges, per-request
+    // lengths, 16 heads (both of v10's row halves) and 5 (its second half empty).
+    for (int variant = 0; variant < 2; ++variant) {
+      Case c;
+      c.format = f;
+      c.block_size = 64;
+      c.sparse = true;
+      c.heads = variant == 0 ? 16 : 5;
+      c.s_q = variant == 0 ? 1 : 2;
+      c.topk = variant == 0 ? 193 : 64;
+      c.topk_length = variant == 0;
+      c.splits = variant == 0 ? 2 : 1;
+      c.seqlens = {300, 64, 500};
+      c.bf16_q = variant == 1;
+      c.outer_scale = format_info(f).has_outer_scale ? 37.0f : 1.0f;
+      c.seed = static_cast<uint32_t>(1210 + variant);
+      check_case(c);
+      if (HasFatalFailure()) return;
+    }
   }
 }
 

@@ -52,6 +52,7 @@
 #include "cuda/sm90/attention/ptx.cuh"
 #include "mlakv/numerics.h"
 
+
 namespace mlakv::cuda::sm90 {
 namespace {
 
@@ -322,10 +323,14 @@ __device__ __forceinline__ void pv_kstep(const uint8_t* stage, const uint16_t* s
     const int32_t raw = p.indices[b * p.ix_s0 + i * p.ix_s1 + pos * p.ix_s2];
     return (raw >= 0 && raw < p.num_slots) ? raw : -1;
   }
-  if (pos / p.block_size >= p.bt_cols) return -1;
-  const int32_t raw = p.block_table[b * p.bt_s0 + (pos / p.block_size) * p.bt_s1];
+  // 0 <= pos < end <= 2^31 (seqlens are i32): a 32-bit division; the 64-bit one is a
+  // long software routine on the producer's per-stage critical path.
+  const uint32_t up = static_cast<uint32_t>(pos), bs = static_cast<uint32_t>(p.block_size);
+  const uint32_t blk = up / bs;
+  if (blk >= p.bt_cols) return -1;
+  const int32_t raw = p.block_table[b * p.bt_s0 + static_cast<int64_t>(blk) * p.bt_s1];
   if (raw < 0 || raw >= p.num_blocks) return -1;
-  return static_cast<int64_t>(raw) * p.block_size + pos % p.block_size;
+  return static_cast<int64_t>(raw) * p.block_size + (up - blk * bs);
 }
 
 // The producer warp: walks the token set one tile of kT tokens at a time (lane t owns
@@ -759,19 +764,19 @@ template <KvFormat F>
 constexpr bool wg_vtile() {
   return is_nvfp4(F);
 }
-template <KvFormat F>
+template <KvFormat F, bool Vt = wg_vtile<F>()>
 constexpr int wg_fixed_bytes() {
-  return kQtBytes + wg_pt_copies<F>() * kPtBytes + (wg_vtile<F>() ? kVtBytes : 0) + kWgRedBytes +
+  return kQtBytes + wg_pt_copies<F>() * kPtBytes + (Vt ? kVtBytes : 0) + kWgRedBytes +
          ((kWgMiscBytes + 127) & ~127);
 }
-template <KvFormat F>
+template <KvFormat F, bool Vt = wg_vtile<F>()>
 constexpr int wg_stages() {
-  const int n = ((wg_vtile<F>() ? kWgSmemBudget : kSmemBudget) - wg_fixed_bytes<F>()) / (kT * Fmt<F>::kRecord);
+  const int n = ((Vt ? kWgSmemBudget : kSmemBudget) - wg_fixed_bytes<F, Vt>()) / (kT * Fmt<F>::kRecord);
   return n < kMaxStages ? n : kMaxStages;
 }
-template <KvFormat F>
+template <KvFormat F, bool Vt = wg_vtile<F>()>
 constexpr std::size_t wg_smem_bytes() {
-  return static_cast<std::size_t>(wg_stages<F>()) * kT * Fmt<F>::kRecord + wg_fixed_bytes<F>();
+  return static_cast<std::size_t>(wg_stages<F, Vt>()) * kT * Fmt<F>::kRecord + wg_fixed_bytes<F, Vt>();
 }
 static_assert(wg_stages<KvFormat::kFp8DsMla>() >= 2 && wg_stages<KvFormat::kNvfp4DsMla>() >= 2 &&
               wg_stages<KvFormat::kNvfp4DsMlaFp8Rope>() >= 2 && wg_stages<KvFormat::kNvfp4DsMlaInt8Rope>() >= 2);
@@ -927,14 +932,15 @@ __device__ __forceinline__ void wg_v_frags(const uint8_t* t0, const uint8_t* t1,
 }
 #endif  // MLAKV_SM90_DEVICE
 
-template <KvFormat F>
+template <KvFormat F, bool Vt = wg_vtile<F>()>
 __global__ void __launch_bounds__(kThreads, 2) attention_wg_kernel(const __grid_constant__ AttentionParams p) {
 #if MLAKV_SM90_DEVICE
-  constexpr int S = wg_stages<F>();
+  static_assert(!Vt || wg_vtile<F>());
+  constexpr int S = wg_stages<F, Vt>();
   constexpr int kRec = Fmt<F>::kRecord;
   constexpr int kCopies = wg_pt_copies<F>();
   constexpr bool kFp8 = F == KvFormat::kFp8DsMla;
-  constexpr bool kVt = wg_vtile<F>();
+  constexpr bool kVt = Vt;
   extern __shared__ __align__(128) uint8_t smem[];
   uint8_t* ring = smem;
   uint8_t* qt = smem + static_cast<std::size_t>(S) * kT * kRec;
@@ -1019,7 +1025,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_wg_kernel(const __grid_
 #pragma unroll 4
     for (int ks = 0; ks < kWgKSteps; ++ks) {
       const int kk = 2 * sub;
-      const int d0 = wg_qdim<F>(ks, kk), d1 = wg_qdim<F>(ks, kk + 1);
+      const int d0 = wg_qdim<F, Vt>(ks, kk), d1 = wg_qdim<F, Vt>(ks, kk + 1);
       uint32_t v;
       if (ks < 32) {
         v = ptx::pack_f16x2(q_at(d0) * mlat, q_at(d1) * mlat);
@@ -1476,34 +1482,429 @@ __global__ void __launch_bounds__(kThreads, 2) attention_wg_kernel(const __grid_
           d0[64 * mb] = o[mb][4 * j + e] * sc;
           d0[64 * mb + 8] = o[mb][4 * j + 2 + e] * sc;
         }
+      } else {  // e2m1 on v8 (sparse nvfp4_ds_mla): dims as in wg_v_frags, 16 (8w + g) + 2 mb + h
+        const float sc = inv_l * post_nv;
+#pragma unroll
+        for (int mq = 0; mq < 4; ++mq) {
+          *reinterpret_cast<float4*>(dst + 16 * wg_g + 4 * mq) =
+              make_float4(o[2 * mq][4 * j + e] * sc, o[2 * mq][4 * j + 2 + e] * sc, o[2 * mq + 1][4 * j + e] * sc,
+                          o[2 * mq + 1][4 * j + 2 + e] * sc);
+        }
       }
     }
   }
 #endif  // MLAKV_SM90_DEVICE
 }
 
+// v10, the sparse sets of the 368-B e2m1 formats (wg2; routing: wg_kernel below): two
+// consumer warpgroups per CTA share one V tile, so that 4 consumer warps sit on each
+// scheduler (two 288-thread CTAs per SM, 96 registers) instead of v9's 2. Warpgroup u
+// owns latent dims [256u, 256u + 256) = V tile chunks 4u..4u+3 = score k-steps
+// 16u..16u+15 = P V m-blocks 4u..4u+3 end to end (warpgroup barriers only), plus rope
+// k-steps 32 + 2u, + 1. The two partial S^T tiles meet in shared memory (4 KB):
+// warpgroup u finalizes the scores of query rows 8u..8u+7 (its thread's elements
+// 4u..4u+3) and writes their P^T; the lazy softmax's OR barrier is both warpgroups' P^T
+// barrier, so the common tile has one 128-thread and two 256-thread barriers. The tensor
+// cores see v9's exact f16 operands (a score's f32 sum is taken as two partials). Dense
+// sets stay on v9 (v10 measured 3-6% slower there and 4-25% faster on the sparse TP
+// shapes: docs/perf.md, "occ"); nvfp4_ds_mla (432 B) has no v10: its 2 stages leave no
+// room for the exchange at two CTAs per SM.
+constexpr int kWg2Consumers = 2 * kConsumerThreads;  // 256
+constexpr int kWg2Threads = kWg2Consumers + 32;      // + the producer warp
+constexpr int kWg2XBytes = 2 * kConsumerThreads * 4 * 4;  // partial scores: [receiver][128 threads][4]
+[[maybe_unused]] constexpr int kWg2Barrier = 3;      // both consumer warpgroups
+[[maybe_unused]] constexpr int kWg2LazyBarrier = 4;  // both, the lazy rescale's OR (= the P^T barrier)
+[[maybe_unused]] constexpr int kWg2HalfBarrier = 5;  // + u: warpgroup u alone
 template <KvFormat F>
-int configure_format() {
-  if constexpr (F == KvFormat::kBf16) {
-    return static_cast<int>(cudaFuncSetAttribute(attention_sm90_kernel<F>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                 static_cast<int>(smem_bytes<F>())));
-  } else {
-    return static_cast<int>(cudaFuncSetAttribute(attention_wg_kernel<F>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                 static_cast<int>(wg_smem_bytes<F>())));
+constexpr int wg2_fixed_bytes() {
+  return kQtBytes + kPtBytes + kVtBytes + kWg2XBytes + kWgRedBytes + ((kWgMiscBytes + 127) & ~127);
+}
+template <KvFormat F>
+constexpr int wg2_stages() {
+  const int n = (kWgSmemBudget - wg2_fixed_bytes<F>()) / (kT * Fmt<F>::kRecord);
+  return n < kMaxStages ? n : kMaxStages;
+}
+template <KvFormat F>
+constexpr std::size_t wg2_smem_bytes() {
+  return static_cast<std::size_t>(wg2_stages<F>()) * kT * Fmt<F>::kRecord + wg2_fixed_bytes<F>();
+}
+// The formats that run v10: the e2m1 ones whose 2 stages fit beside the exchange.
+template <KvFormat F>
+constexpr bool wg2() {
+  return wg_vtile<F>() && wg2_stages<F>() >= 2;
+}
+static_assert(wg2_stages<KvFormat::kNvfp4DsMlaFp8Rope>() >= 2 && wg2_stages<KvFormat::kNvfp4DsMlaInt8Rope>() >= 2);
+
+template <KvFormat F>
+__global__ void __launch_bounds__(kWg2Threads, 2) attention_wg2_kernel(const __grid_constant__ AttentionParams p) {
+#if MLAKV_SM90_DEVICE
+  constexpr int S = wg2_stages<F>();
+  static_assert(S >= 2 && wg_vtile<F>() && f16_rope(F));
+  constexpr int kRec = Fmt<F>::kRecord;
+  using P = record::Parts<F>;
+  extern __shared__ __align__(128) uint8_t smem[];
+  uint8_t* ring = smem;
+  uint8_t* qt = smem + static_cast<std::size_t>(S) * kT * kRec;
+  uint8_t* pt = qt + kQtBytes;
+  uint8_t* vt = pt + kPtBytes;
+  float* xs = reinterpret_cast<float*>(vt + kVtBytes);  // [receiver u][128 threads][4 partial scores]
+  float* red = xs + kWg2XBytes / 4;                     // [4 warps][16 rows]
+  uint8_t* misc = reinterpret_cast<uint8_t*>(red) + kWgRedBytes;
+  uint64_t* full = reinterpret_cast<uint64_t*>(misc);
+  uint64_t* empty = full + kMaxStages;
+  uint32_t* vmask = reinterpret_cast<uint32_t*>(empty + kMaxStages);
+  int32_t* row_vis = reinterpret_cast<int32_t*>(vmask + kMaxStages);
+  float* row_sc = reinterpret_cast<float*>(row_vis + kRows);
+  ptx::launch_dependents();  // smxx's combine may launch now (it waits for this grid's results)
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int split = blockIdx.z;
+  const CtaWork cw = cta_work<kRows, kWgTile, kWgTile>(p);  // cuda/common/cta_work.cuh
+  const int b = cw.b, i_fixed = cw.i_fixed, rows_req = cw.rows_req, row0 = cw.row0;
+  const int64_t begin = cw.begin, end = cw.end;
+  const int n_tiles = cw.n_tiles;
+  auto row_query = [&](int r) { return cw.query(p, r); };
+  auto row_head = [&](int r) { return cw.head(p, r); };
+
+  if (tid == 0) {
+    for (int s = 0; s < S; ++s) {
+      ptx::mbar_init(mlakv::cuda::ptx::smem_addr(&full[s]), 32);
+      ptx::mbar_init(mlakv::cuda::ptx::smem_addr(&empty[s]), 2 * kConsumerWarps);
+    }
+    ptx::mbar_init_fence();
   }
+  if (tid < kRows) row_vis[tid] = cw.visible(p, tid);
+  __syncthreads();
+
+  if (warp == 2 * kConsumerWarps) {
+    produce<F, S, kRec>(p, b, i_fixed, begin, end, 2 * n_tiles, ring, full, empty, vmask, lane);
+    return;
+  }
+
+  // ================= consumers: two warpgroups =================
+  const int u = warp >> 2, w = warp & 3, g = lane >> 2, c = lane & 3, wt = tid & (kConsumerThreads - 1);
+  if (u == 0) {  // ---- Q^T into shared memory (warpgroup 0; as v8/v9) ----
+    const int n = tid >> 3, sub = tid & 7;
+    const bool ok = row0 + n < rows_req;
+    const int rc = ok ? n : 0;
+    const int64_t off = b * p.q_s0 + static_cast<int64_t>(row_query(rc)) * p.q_s1 +
+                        static_cast<int64_t>(row_head(rc)) * p.q_s2;
+    auto q_at = [&](int d) -> float {
+      float v = p.q_bf16 ? bf16_to_f32(static_cast<const uint16_t*>(p.q)[off + d]) : static_cast<const float*>(p.q)[off + d];
+      return ok ? v : 0.0f;
+    };
+    const float lat_base = p.outer_scale * 128.0f;
+    float qv[kQkDim / 8];
+    if (p.q_bf16) {
+#pragma unroll
+      for (int k = 0; k < kQkDim / 8; ++k) qv[k] = bf16_to_f32(static_cast<const uint16_t*>(p.q)[off + sub + 8 * k]);
+    } else {
+#pragma unroll
+      for (int k = 0; k < kQkDim / 8; ++k) qv[k] = static_cast<const float*>(p.q)[off + sub + 8 * k];
+    }
+    float amax = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kQkDim / 8; ++k) {
+      const int d = sub + 8 * k;
+      amax = fmaxf(amax, fabsf((ok ? qv[k] : 0.0f) * (d < kLatentDim ? lat_base : 1.0f)));
+    }
+    amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 2));
+    amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 4));
+    int e = 0;
+    if (amax > 0.0f && amax <= 3.4e38f) {
+      int ex;
+      (void)frexpf(amax, &ex);
+      e = std::clamp(15 - ex, -100, 100);
+    }
+    if (sub == 0) row_sc[n] = ldexpf(p.scale_log2, -e);
+    const float mlat = ldexpf(lat_base, e), mrope = ldexpf(1.0f, e);
+#pragma unroll 4
+    for (int ks = 0; ks < kWgKSteps; ++ks) {
+      const int kk = 2 * sub;
+      const int d0 = wg_qdim<F>(ks, kk), d1 = wg_qdim<F>(ks, kk + 1);
+      const float m = ks < 32 ? mlat : mrope;
+      *reinterpret_cast<uint32_t*>(qt + 512 * ks + wg_b_offset(n, kk)) = ptx::pack_f16x2(q_at(d0) * m, q_at(d1) * m);
+    }
+    ptx::fence_proxy_async();  // the tensor cores read Q^T through the async proxy
+  }
+  ptx::named_barrier(kWg2Barrier, kWg2Consumers);
+
+  // The thread's 4 query rows: 8j + 2c + e (accumulator column of d[4j + 2h + e]); it
+  // finalizes the scores of j = u (elements 4u .. 4u + 3).
+  float rsc[2], m_run[2][2], l_run[2];
+  int vis[2];
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    rsc[e] = row_sc[8 * u + 2 * c + e];
+    vis[e] = row_vis[8 * u + 2 * c + e];
+    m_run[0][e] = m_run[1][e] = -INFINITY;
+    l_run[e] = 0.0f;
+  }
+  const uint32_t pt_addr = mlakv::cuda::ptx::smem_addr(pt);
+  const uint32_t q_lo = ptx::desc_lo(mlakv::cuda::ptx::smem_addr(qt), 128), p_lo = ptx::desc_lo(pt_addr, 128);
+  const uint32_t b_hi = ptx::desc_hi(256);
+  // V tile views as in v9; this warpgroup's chunks start at group 32u.
+  uint8_t* vt_mine = vt + 2 * w * 128 + 16 * g + (2 * c + 32 * u) * kVtGroupStride;
+  const uint32_t v_lo = ptx::desc_lo(mlakv::cuda::ptx::smem_addr(vt), 128) + (32 * u * kVtGroupStride) / 16;
+  const uint32_t v_hi = ptx::desc_hi(kVtGroupStride);
+  const uint32_t k_lo = ptx::desc_lo(mlakv::cuda::ptx::smem_addr(vt), kVtGroupStride) + (32 * u * kVtGroupStride) / 16;
+  const uint32_t k_hi = ptx::desc_hi(128);
+  const uint32_t qh_lo = q_lo + 32 * 16 * u;  // Q^T k-steps 16u ..
+  float4* x_out = reinterpret_cast<float4*>(xs + (1 - u) * 4 * kConsumerThreads) + wt;
+  const float4* x_in = reinterpret_cast<const float4*>(xs + u * 4 * kConsumerThreads) + wt;
+
+  float o[4][8];  // O^T m-blocks 4u .. 4u + 3
+#pragma unroll
+  for (int mb = 0; mb < 4; ++mb) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) o[mb][i] = 0.0f;
+  }
+
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    const int pt0 = 2 * tile, pt1 = 2 * tile + 1;
+    const int st0 = pt0 % S, st1 = pt1 % S;
+    ptx::mbar_wait(mlakv::cuda::ptx::smem_addr(&full[st0]), (pt0 / S) & 1);
+    ptx::mbar_wait(mlakv::cuda::ptx::smem_addr(&full[st1]), (pt1 / S) & 1);
+    const uint8_t* mystage = ring + ((w >> 1) ? st1 : st0) * kT * kRec;
+    const int tl = 16 * (w & 1) + g;  // token of row g inside its stage
+    const uint8_t* rg = mystage + tl * kRec;
+    const uint8_t* rg8 = rg + 8 * kRec;
+    // ---- this warpgroup's half of the V tile (4 chunks of 64 dims) ----
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      uint32_t a[4][4];
+      wg_k_chunk<F>(rg, rg8, 4 * u + q, c, a);
+      uint8_t* v0 = vt_mine + 8 * q * kVtGroupStride;
+      ptx::sts128(v0, a[0][0], a[1][0], a[2][0], a[3][0]);
+      ptx::sts128(v0 + kVtGroupStride, a[0][2], a[1][2], a[2][2], a[3][2]);
+      ptx::sts128(v0 + 128, a[0][1], a[1][1], a[2][1], a[3][1]);
+      ptx::sts128(v0 + 128 + kVtGroupStride, a[0][3], a[1][3], a[2][3], a[3][3]);
+    }
+    // rope k-steps 32 + 2u, + 1 (the same wgmma sequence in both warpgroups: a branch
+    // around wgmma makes ptxas serialize them, C7520)
+    uint32_t ar[2][4];
+    {
+      uint32_t a4[4][4];
+      wg_rope<F>(rg, rg8, c, a4);
+#pragma unroll
+      for (int jj = 0; jj < 2; ++jj) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) ar[jj][r] = u ? a4[2 + jj][r] : a4[jj][r];
+      }
+    }
+    const float srs[2] = {ldsf(rg + P::kRopeScaleOffset), ldsf(rg8 + P::kRopeScaleOffset)};
+    const uint32_t smask = vmask[(w >> 1) ? st1 : st0];
+    __syncwarp();
+    if (lane == 0) {  // done with both stages
+      ptx::mbar_arrive(mlakv::cuda::ptx::smem_addr(&empty[st0]));
+      ptx::mbar_arrive(mlakv::cuda::ptx::smem_addr(&empty[st1]));
+    }
+    ptx::fence_proxy_async();
+    ptx::named_barrier(kWg2HalfBarrier + u, kConsumerThreads);
+    // ---- partial S^T over this warpgroup's 16 latent k-steps (+ the rope) ----
+    float acc[8], accr[8];
+    ptx::wg_fence();
+#pragma unroll
+    for (int q = 0; q < 16; ++q) {
+      ptx::wgmma_f16_ss<0>(acc, k_lo + (2 * q * kVtGroupStride) / 16, k_hi, qh_lo + 32 * q, b_hi, q == 0 ? 0 : 1);
+    }
+#pragma unroll
+    for (int jj = 0; jj < 2; ++jj) ptx::wgmma_f16(accr, ar[jj], q_lo + 32 * (32 + 2 * u + jj), b_hi, jj == 0 ? 0 : 1);
+    ptx::wg_commit();
+    ptx::wg_wait<0>();
+    ptx::wg_hold(acc);
+    ptx::wg_hold(accr);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[i] = fmaf(accr[i], srs[(i >> 1) & 1], acc[i]);
+    // ---- exchange: send the partner's rows, add its partial of ours ----
+    *x_out = u ? make_float4(acc[0], acc[1], acc[2], acc[3]) : make_float4(acc[4], acc[5], acc[6], acc[7]);
+    ptx::named_barrier(kWg2Barrier, kWg2Consumers);
+    const float4 xin = *x_in;
+    const float xv[4] = {xin.x, xin.y, xin.z, xin.w};
+    const int64_t tb = begin + static_cast<int64_t>(tile) * kWgTile + 16 * w + g;  // position of token g
+    float s[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int h = k >> 1, e = k & 1;
+      const float mine = u ? acc[4 + k] : acc[k];
+      const float x = mine + xv[k];  // the partner's partial: one sum, done by one warpgroup
+      const bool ok = ((smask >> (tl + 8 * h)) & 1u) && tb + 8 * h < vis[e];
+      s[k] = ok ? x * rsc[e] : -INFINITY;
+    }
+    // ---- lazy softmax (v9's rule) over this warpgroup's rows ----
+    bool need = false;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) need = need || s[k] > m_run[u][k & 1] + kLazyLog2;
+    float pv[4];
+    auto put_p = [&]() {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float m = m_run[u][k & 1];
+        pv[k] = m == -INFINITY ? 0.0f : exp2f(s[k] - m);
+      }
+      ptx::stmatrix_x2_trans(pt_addr + 512 * w + 256 * u + 16 * (lane & 15), ptx::pack_f16x2(pv[0], pv[1]),
+                             ptx::pack_f16x2(pv[2], pv[3]));
+      ptx::fence_proxy_async();
+    };
+    put_p();
+    if (ptx::named_barrier_or(kWg2LazyBarrier, kWg2Consumers, need)) {  // both warpgroups
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float v = fmaxf(s[e], s[2 + e]);
+        v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 4));
+        v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 8));
+        v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 16));
+        if (g == 0) red[w * kRows + 8 * u + 2 * c + e] = v;
+      }
+      ptx::named_barrier(kWg2Barrier, kWg2Consumers);
+      float alpha[2][2];
+      bool change = false;
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int r = 8 * j + 2 * c + e;
+          const float mt = fmaxf(fmaxf(red[r], red[kRows + r]), fmaxf(red[2 * kRows + r], red[3 * kRows + r]));
+          const float m_new = fmaxf(m_run[j][e], mt);
+          alpha[j][e] = m_run[j][e] == -INFINITY ? 0.0f : exp2f(m_run[j][e] - m_new);
+          m_run[j][e] = m_new;
+          change = change || alpha[j][e] != 1.0f;
+        }
+      }
+#pragma unroll
+      for (int e = 0; e < 2; ++e) l_run[e] *= alpha[u][e];
+      if (__any_sync(0xFFFFFFFFu, change)) {
+#pragma unroll
+        for (int mb = 0; mb < 4; ++mb) {
+#pragma unroll
+          for (int i = 0; i < 8; ++i) o[mb][i] *= alpha[i >> 2][i & 1];
+        }
+      }
+      put_p();  // every warp has passed the OR barrier: nothing reads the old P^T
+      ptx::named_barrier(kWg2Barrier, kWg2Consumers);
+    }
+#pragma unroll
+    for (int e = 0; e < 2; ++e) l_run[e] += pv[e] + pv[2 + e];
+
+    // ---- O^T += V^T P^T over this warpgroup's 4 m-blocks: 16 wgmma, both operands in smem ----
+    ptx::wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+#pragma unroll
+      for (int mb = 0; mb < 4; ++mb) {
+        ptx::wgmma_f16_ss<1>(o[mb], v_lo + (8 * mb * kVtGroupStride + 256 * kk) / 16, v_hi, p_lo + 32 * kk, b_hi, 1);
+      }
+    }
+    ptx::wg_commit();
+    ptx::wg_wait<0>();
+#pragma unroll
+    for (int mb = 0; mb < 4; ++mb) ptx::wg_hold(o[mb]);
+  }
+
+  // ---- finalize: l over the 64 token lanes of each row, then out / lse ----
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    float v = l_run[e];
+    v += __shfl_xor_sync(0xFFFFFFFFu, v, 4);
+    v += __shfl_xor_sync(0xFFFFFFFFu, v, 8);
+    v += __shfl_xor_sync(0xFFFFFFFFu, v, 16);
+    l_run[e] = v;
+  }
+  ptx::named_barrier(kWg2Barrier, kWg2Consumers);  // every warp is done reading red
+  if (g == 0) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) red[w * kRows + 8 * u + 2 * c + e] = l_run[e];
+  }
+  ptx::named_barrier(kWg2Barrier, kWg2Consumers);
+  const float post_nv = p.outer_scale * 128.0f;
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int r = 8 * j + 2 * c + e;
+      if (row0 + r >= rows_req) continue;
+      const float l = red[r] + red[kRows + r] + red[2 * kRows + r] + red[3 * kRows + r];
+      const bool is_empty = l == 0.0f;
+      const float inv_l = is_empty ? 0.0f : 1.0f / l;
+      const float lse = is_empty ? -INFINITY : (m_run[j][e] + log2f(l)) * kLn2;
+      const int i = row_query(r), h = row_head(r);
+      float* dst;
+      const bool lse_writer = u == 0 && w == 0 && g == 0;
+      if (p.num_splits == 1) {
+        dst = p.out + b * p.o_s0 + static_cast<int64_t>(i) * p.o_s1 + static_cast<int64_t>(h) * p.o_s2;
+        if (lse_writer) p.lse[b * p.l_s0 + static_cast<int64_t>(i) * p.l_s1 + static_cast<int64_t>(h) * p.l_s2] = lse;
+      } else {
+        const int64_t grow = (static_cast<int64_t>(b) * p.s_q + i) * p.H + h;
+        dst = p.part_o + (static_cast<int64_t>(split) * p.rows_total + grow) * kLatentDim;
+        if (lse_writer) p.part_lse[static_cast<int64_t>(split) * p.rows_total + grow] = lse;
+      }
+      // o[mb][4j + 2h + e]: O^T row 16w + g + 8h of m-block 4u + mb = V tile group
+      // 8 (4u + mb) + 2w + h, half g (as v9).
+      const float sc = inv_l * post_nv;
+      float* d0 = dst + 256 * u + 16 * w + vt_dim(g);
+#pragma unroll
+      for (int mb = 0; mb < 4; ++mb) {
+        d0[64 * mb] = o[mb][4 * j + e] * sc;
+        d0[64 * mb + 8] = o[mb][4 * j + 2 + e] * sc;
+      }
+    }
+  }
+#endif  // MLAKV_SM90_DEVICE
+}
+
+// Which warpgroup kernel a quantized format runs (docs/perf.md, "occ"): fp8 v8; the e2m1
+// formats v9 for dense sets; for sparse sets (scattered per-record copies, whose latency
+// v9's 2-stage ring exposes) the 368-B formats v10 and nvfp4_ds_mla v8's register path
+// (6 stages; v10's exchange does not fit beside its 2).
+enum class WgKernel { kV8, kV9, kV10 };
+template <KvFormat F>
+constexpr WgKernel wg_kernel(bool sparse) {
+  if constexpr (!wg_vtile<F>()) return WgKernel::kV8;
+  else if (!sparse) return WgKernel::kV9;
+  else if constexpr (wg2<F>()) return WgKernel::kV10;
+  else return WgKernel::kV8;
 }
 
 template <KvFormat F>
+int configure_format() {
+  auto raise = [](const void* fn, std::size_t bytes) {
+    return static_cast<int>(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  };
+  if constexpr (F == KvFormat::kBf16) {
+    return raise(reinterpret_cast<const void*>(attention_sm90_kernel<F>), smem_bytes<F>());
+  } else {
+    int e = raise(reinterpret_cast<const void*>(attention_wg_kernel<F>), wg_smem_bytes<F>());
+    if constexpr (wg_vtile<F>() && !wg2<F>()) {
+      if (e == 0) e = raise(reinterpret_cast<const void*>(attention_wg_kernel<F, false>), wg_smem_bytes<F, false>());
+    }
+    if constexpr (wg2<F>()) {
+      if (e == 0) e = raise(reinterpret_cast<const void*>(attention_wg2_kernel<F>), wg2_smem_bytes<F>());
+    }
+    return e;
+  }
+}
+
+// CTAs per SM: the fewest over the kernels the format may run (all 2 on the H200).
+template <KvFormat F>
 int occupancy_format() {
   if (configure_format<F>() != 0) return 0;
-  int n = 0;
-  cudaError_t e;
+  auto occ = [](const void* fn, int threads, std::size_t bytes) {
+    int n = 0;
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, fn, threads, bytes) == cudaSuccess ? n : 0;
+  };
   if constexpr (F == KvFormat::kBf16) {
-    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attention_sm90_kernel<F>, kThreads, smem_bytes<F>());
+    return occ(reinterpret_cast<const void*>(attention_sm90_kernel<F>), kThreads, smem_bytes<F>());
   } else {
-    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attention_wg_kernel<F>, kThreads, wg_smem_bytes<F>());
+    int n = occ(reinterpret_cast<const void*>(attention_wg_kernel<F>), kThreads, wg_smem_bytes<F>());
+    if constexpr (wg_vtile<F>() && !wg2<F>()) {
+      n = std::min(n, occ(reinterpret_cast<const void*>(attention_wg_kernel<F, false>), kThreads, wg_smem_bytes<F, false>()));
+    }
+    if constexpr (wg2<F>()) {
+      n = std::min(n, occ(reinterpret_cast<const void*>(attention_wg2_kernel<F>), kWg2Threads, wg2_smem_bytes<F>()));
+    }
+    return n;
   }
-  return e == cudaSuccess ? n : 0;
 }
 
 template <KvFormat F>
@@ -1511,7 +1912,14 @@ cudaError_t launch_format(const AttentionParams& kp, dim3 grid, cudaStream_t s) 
   if constexpr (F == KvFormat::kBf16) {
     attention_sm90_kernel<F><<<grid, kThreads, smem_bytes<F>(), s>>>(kp);
   } else {
-    attention_wg_kernel<F><<<grid, kThreads, wg_smem_bytes<F>(), s>>>(kp);
+    const WgKernel k = wg_kernel<F>(kp.sparse);
+    if (k == WgKernel::kV9) {
+      attention_wg_kernel<F><<<grid, kThreads, wg_smem_bytes<F>(), s>>>(kp);
+    } else if (k == WgKernel::kV10) {
+      if constexpr (wg2<F>()) attention_wg2_kernel<F><<<grid, kWg2Threads, wg2_smem_bytes<F>(), s>>>(kp);
+    } else if constexpr (!wg2<F>()) {
+      attention_wg_kernel<F, false><<<grid, kThreads, wg_smem_bytes<F, false>(), s>>>(kp);
+    }
   }
   return cudaGetLastError();
 }
@@ -1540,7 +1948,7 @@ int binary_version() {
   cudaFuncAttributes attr{};
   cudaError_t e;
   if constexpr (F == KvFormat::kBf16) e = cudaFuncGetAttributes(&attr, attention_sm90_kernel<F>);
-  else e = cudaFuncGetAttributes(&attr, attention_wg_kernel<F>);
+  else e = cudaFuncGetAttributes(&attr, attention_wg_kernel<F>);  // (its sparse variants are in the same cubin)
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
     return 0;

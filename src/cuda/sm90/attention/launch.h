@@ -3,8 +3,10 @@
 // api/attention_path.cc): a warp-specialized kernel, one producer warp issuing bulk
 // copies (cp.async.bulk) of whole records into an mbarrier ring of shared-memory stages,
 // four consumer warps: mma.sync through ldmatrix for bf16 records, one warpgroup of
-// wgmma m64n16k16 with the dequantized KV tile as the M operand (from registers) for
-// the quantized formats. Same operation, params and
+// wgmma m64n16k16 with the dequantized KV tile as the M operand for the quantized
+// formats (from registers, or from an f16 V tile in shared memory for the e2m1 formats'
+// dense sets; two warpgroups sharing that tile for the 368-B records' sparse sets: the
+// launch picks the variant per call). Same operation, params and
 // output contract as the sm80 path (params/attention.h: split partials [splits][rows]
 // [512] + [splits][rows] in the workspace, merged by smxx's combine; empty set -> o = 0,
 // lse = -inf). docs/design.md "Hopper kernels" describes the design.

@@ -193,6 +193,13 @@ __device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, uint32_t r0, ui
                : "memory");
 }
 
+// Two 8x8 b16 matrices stored transposed, as stmatrix_x4_trans's first two (lanes 0-15
+// give the addresses).
+__device__ __forceinline__ void stmatrix_x2_trans(uint32_t addr, uint32_t r0, uint32_t r1) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x2.trans.shared.b16 [%0], {%1, %2};\n" ::"r"(addr), "r"(r0), "r"(r1)
+               : "memory");
+}
+
 // Programmatic dependent launch: lets the grid launched after this one on the stream
 // with programmaticStreamSerialization (smxx's combine) start before this grid ends;
 // that grid's griddepcontrol.wait still waits for this grid's completion and memory.
