@@ -1,9 +1,12 @@
 // Cache writers: one warp per token, one launch per layer per step. Every rounding
 // goes through the host/device primitives of format/record_codec.h (the writers' fast
 // ones: hardware e4m3 / bf16 conversions, divisions through a reciprocal where that is
-// the IEEE quotient), so the bytes equal the CPU codec's (tests/cuda/cuda_harness.cc). Lane l of the warp owns the
-// record parts common/record_part.cuh names (record::Lane): latent dims [16l, 16l+16),
-// rope dims [2l, 2l+2).
+// the IEEE quotient, the nvfp4 fast path of record_codec.h where a warp's groups all allow
+// it), so the bytes equal the CPU codec's (tests/cuda/cuda_harness.cc). Lane l of the warp
+// owns the record parts common/record_part.cuh names (record::Lane): latent dims
+// [16l, 16l+16), rope dims [2l, 2l+2). The nvfp4 writers are bound by instruction issue
+// and the ALU pipe (half the issue rate), so their element code keeps to the FMA pipe
+// where it can (docs/perf.md, "Cache writers, helper wrt3").
 #include <cuda_runtime.h>
 
 #include <algorithm>
