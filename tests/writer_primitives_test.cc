@@ -43,6 +43,24 @@ TEST(WriterPrimitives, E2m1MagnitudeCodeIsTheScalarRounding) {
   }
 }
 
+// The floating-point e2m1 code of the writers' fast path for 0 <= q < 7: every 5th float32
+// of [0, 7) (every binade, subnormals too) and every float within 4096 ulps of each e2m1
+// value and threshold. cuda_harness checks every float32 of [0, 7) on the device.
+TEST(WriterPrimitives, E2m1CodeBelowSevenIsTheScalarRounding) {
+  auto check = [](uint32_t u) {
+    const float q = from_bits(u);
+    const uint32_t got = std::bit_cast<uint32_t>(codec::e2m1_code_below7_f(q)) - 0x4B000000u;
+    ASSERT_EQ(got, static_cast<uint32_t>(f32_to_e2m1_satfinite(q))) << q << " (bits " << std::hex << u << ")";
+  };
+  const uint32_t seven = std::bit_cast<uint32_t>(7.0f);
+  for (uint32_t u = 0; u < seven; u += 5) check(u);
+  for (double t : {0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0}) {
+    const uint32_t centre = std::bit_cast<uint32_t>(static_cast<float>(t));
+    for (uint32_t u = centre - 4096; u <= centre + 4096 && u < seven; ++u) check(u);
+  }
+  for (uint32_t u = seven - 4096; u < seven; ++u) check(u);
+}
+
 // Division through RN(1/b): every e4m3 divisor (the nvfp4 group scales) against dividends
 // over two whole binades (the sequence commutes with scaling by powers of two away from
 // under/overflow), every 61st float of the relevant range, and random divisors in the
@@ -153,6 +171,62 @@ TEST(WriterPrimitives, Nvfp4GroupsAreTheScalarCodecs) {
   }
 }
 
+// The writers' nvfp4 fast path (nvfp4_fast_mode, nvfp4_fast_applies, nvfp4_group_codes_fast)
+// against encode_nvfp4_latent wherever it applies, for divisors of both kinds (powers of two
+// inside and outside [2^-64, 2^64], the reciprocal path's range and both its ends, s_t-like
+// divisors) on the adversarial latents; and that it does apply to ordinary groups.
+TEST(WriterPrimitives, Nvfp4FastPathIsTheScalarCodecWhereItApplies) {
+  namespace N = layout::nvfp4_ds_mla;
+  std::mt19937 rng(37);
+  std::normal_distribution<float> nd;
+  const float divisors[] = {1.0f,    0.5f,     0x1p-64f, 0x1p64f, 0x1p-65f, 0x1p65f, 0x1p90f,  0x1p-70f, 0.3f,
+                            7.44e-6f, 37.0f,   9e-19f,   1.2e30f, 1e-20f,   1e35f,   1.0f / 2688.0f, 0.7f};
+  int applied = 0;
+  for (float s : divisors) {
+    const float rs = codec::reciprocal_rn(s);
+    const codec::Nvfp4Fast mode = codec::nvfp4_fast_mode(s);
+    for (int rep = 0; rep < 300; ++rep) {
+      std::vector<float> lat = adversarial_latent(rng, s);
+      if (rep % 3 == 0) {
+        for (float& v : lat) v = nd(rng) * s * (rep % 2 ? 3.0f : 0.01f);  // ordinary groups
+      }
+      uint8_t want[N::kRecordBytes] = {};
+      codec::encode_nvfp4_latent(lat.data(), s, want);
+      for (int g = 0; g < 32; ++g) {
+        const float* x = lat.data() + 16 * g;
+        float amax = 0.0f;
+        for (int i = 0; i < 16; ++i) amax = std::max(amax, std::fabs(x[i]));
+        if (mode == codec::Nvfp4Fast::kNone) break;
+        const float amax_y = codec::nvfp4_fast_amax_y(mode, amax, s, rs);
+        const uint8_t sf_code = codec::nvfp4_group_scale_code_fast(amax_y);
+        if (!codec::nvfp4_fast_applies(mode, sf_code, amax_y, amax, rs)) continue;
+        ++applied;
+        const float sf = e4m3_to_f32(sf_code), rsf = codec::reciprocal_rn(sf);
+        uint32_t w[2];
+        if (mode == codec::Nvfp4Fast::kPow2) {
+          codec::nvfp4_group_codes_fast(mode, x, s, rs, sf * s, rsf * rs, w);
+        } else {
+          codec::nvfp4_group_codes_fast(mode, x, s, rs, sf, rsf, w);
+        }
+        ASSERT_EQ(sf_code, want[N::kScaleOffset + g]) << "s " << s << " group " << g;
+        for (int b = 0; b < 8; ++b) {
+          ASSERT_EQ(static_cast<uint8_t>(w[b / 4] >> (8 * (b % 4))), want[N::kLatentOffset + 8 * g + b])
+              << "s " << s << " group " << g << " byte " << b;
+        }
+      }
+    }
+  }
+  EXPECT_GT(applied, 50000);  // of 163,200 groups (a quarter of them on divisors without a fast path)
+  // The modes: powers of two in [2^-64, 2^64], then the reciprocal range, then none.
+  EXPECT_EQ(codec::nvfp4_fast_mode(0x1p-64f), codec::Nvfp4Fast::kPow2);
+  EXPECT_EQ(codec::nvfp4_fast_mode(0x1p64f), codec::Nvfp4Fast::kPow2);
+  EXPECT_EQ(codec::nvfp4_fast_mode(0x1p65f), codec::Nvfp4Fast::kReciprocal);
+  EXPECT_EQ(codec::nvfp4_fast_mode(0x1p-65f), codec::Nvfp4Fast::kNone);
+  EXPECT_EQ(codec::nvfp4_fast_mode(0.3f), codec::Nvfp4Fast::kReciprocal);
+  EXPECT_EQ(codec::nvfp4_fast_mode(1e-20f), codec::Nvfp4Fast::kNone);
+  EXPECT_EQ(codec::nvfp4_fast_mode(1e35f), codec::Nvfp4Fast::kNone);
+}
+
 // The group-scale code from the group's max |y|: every 31st non-negative float32 (Inf
 // included), and every float within 256 ulps of each boundary 6 (v_c + v_c+1) / 2 between
 // neighbouring e4m3 values, of 6 * 448 (saturation), of 4096 (the clamp) and of 6 * 2^-126
@@ -253,7 +327,8 @@ TEST(WriterPrimitives, RopeCodesAreTheScalarCodecs) {
       for (float v : r) amax = std::max(amax, std::fabs(v));
       for (KvFormat f : {KvFormat::kNvfp4DsMlaFp8Rope, KvFormat::kNvfp4DsMlaInt8Rope}) {
         const bool fp8 = f == KvFormat::kNvfp4DsMlaFp8Rope;
-        const float rs = fp8 ? codec::rope_fp8_scale(amax) : codec::rope_int8_scale(amax);
+        float rs = fp8 ? codec::rope_fp8_scale(amax) : codec::rope_int8_scale(amax);
+        if (rep % 11 == 5) rs = from_bits(std::bit_cast<uint32_t>(rs) & 0xFF800000u);  // a power of two (rope_codes2 takes any rs)
         float t[kRopeDim];
         std::copy(r, r + kRopeDim, t);
         for (int i = 2; i < 10; ++i) {  // ties after the division, and neighbours

@@ -341,9 +341,23 @@ MLAKV_HD uint8_t nvfp4_group_fast(const float* x, float s, uint32_t* w, float ma
   return sf_code;
 }
 
-// The 368 B records' two rope codes of one writer lane (v0 in the low byte), with rs the
+// The 368 B records' two rope codes of one writer lane (v0 in the low byte, v1 in the next;
+// on the device the two bytes above them are not specified), with rs the
 // record's rope scale (rope_fp8_scale / rope_int8_scale of the rope's max |v|, >= 0):
-// rope_fp8_quantize / rope_int8_quantize of each, the division through div_path.
+// rope_fp8_quantize / rope_int8_quantize of each. The division: through the reciprocal
+// wherever div_path allows it (rs in [2^-60, 2^100], max |v| / rs <= 2^119), powers of two
+// included - there div_rn_by_reciprocal is the exact product RN(|v| rrs) too wherever the
+// quotient is normal and |v| >= 2^-100, and both are below 2^-40 elsewhere (code 0 with
+// the sign of v either way) - else div_path's pow2 / IEEE paths. The int8 rounding:
+// RN(q + 1.5 * 2^23) for |q| <= 127 is rint(q) (ulp 1 there, ties to even) in the low
+// byte of its bits as two's complement (the mantissa is 2^22 + rint(q)).
+MLAKV_HD float fmin_nonnan(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return fminf(a, b);
+#else
+  return a < b ? a : b;
+#endif
+}
 template <KvFormat F>
 MLAKV_HD uint32_t rope_codes2(float v0, float v1, float rs, float max_abs_v) {
   static_assert(F == KvFormat::kNvfp4DsMlaFp8Rope || F == KvFormat::kNvfp4DsMlaInt8Rope);
@@ -351,17 +365,106 @@ MLAKV_HD uint32_t rope_codes2(float v0, float v1, float rs, float max_abs_v) {
   const float rrs = reciprocal_rn(rs);
   const float v[2] = {v0, v1};
   float y[2];
-  abs_div_n<2>(v, rs, rrs, div_path(rs, max_abs_v, rrs), y);
+  if (rs >= 8.67361738e-19f && rs <= 1.26765060e+30f && max_abs_v * rrs <= 6.64613997e+35f) {
+    for (int i = 0; i < 2; ++i) y[i] = div_rn_by_reciprocal(fabs_f(v[i]), rs, rrs);
+  } else {
+    abs_div_n<2>(v, rs, rrs, div_path(rs, max_abs_v, rrs), y);
+  }
   if constexpr (F == KvFormat::kNvfp4DsMlaFp8Rope) {
     return e4m3x2_satfinite(with_sign_of(y[0], v0), with_sign_of(y[1], v1));
   } else {
     constexpr float kMax = static_cast<float>(layout::nvfp4_ds_mla_int8rope::kInt8Max);
-    uint32_t c = 0;
+    constexpr float kRound = 12582912.0f;  // 1.5 * 2^23
+    uint32_t r[2];
     for (int i = 0; i < 2; ++i) {
-      const float q = with_sign_of(y[i] < kMax ? y[i] : kMax, v[i]);
-      c |= static_cast<uint32_t>(static_cast<uint8_t>(static_cast<int8_t>(round_half_even_small(q)))) << (8 * i);
+      // y >= 0: its bits with the sign bit of v are -y for negative v.
+      const float q = f32_from_bits(f32_bits(fmin_nonnan(y[i], kMax)) | (f32_bits(v[i]) & 0x80000000u));
+#if defined(__CUDA_ARCH__)
+      r[i] = f32_bits(__fadd_rn(q, kRound));
+#else
+      r[i] = f32_bits(q + kRound);
+#endif
     }
-    return c;
+#if defined(__CUDA_ARCH__)
+    return __byte_perm(r[0], r[1], 0x0040);  // bytes r0.0, r1.0 (the two above: not specified)
+#else
+    return (r[0] & 0xFFu) | ((r[1] & 0xFFu) << 8);
+#endif
+  }
+}
+
+// ---- the writers' nvfp4 fast path -------------------------------------------------------------
+// For a group whose scale is a normal, unsaturated e4m3 value (sf_code >= 8 and the group's
+// max |x / s| <= 6.375 * 448), every element's quotient q = RN(|y| / sf) is below 6.4 (sf
+// is within 2^-4 of amax_y / 6), so the e2m1 rounding needs no clamp, and the divisions by
+// s are one of two kinds (Nvfp4Fast, fixed per launch or per token):
+//   kPow2: s a power of two in [2^-64, 2^64] (a static s_l). y = |x| / s = |x| rs is exact
+//     wherever q can be non-zero (y >= 2^-12), and div_rn_by_e4m3(y, sf, 1/sf) commutes
+//     with scaling y, sf and 1/sf by s (every intermediate stays normal: the remainder is a
+//     multiple of 2^-54 when non-zero and s >= 2^-64), so q = div_rn_by_e4m3(|x|, sf s,
+//     rsf rs): one multiplication less per element. Below y = 2^-12 both q are below 2^-6
+//     (code 0 with the sign of x).
+//   kReciprocal: s in [2^-60, 2^100] (s_t, or a static s_l that is no power of two) with
+//     max |x| rs <= 2^119: y = div_rn_by_reciprocal(|x|, s, rs) as div_path's reciprocal
+//     path, then div_rn_by_e4m3 as nvfp4_group_fast (for a power-of-two s the same y
+//     wherever it can matter, as rope_codes2 says).
+// nvfp4_fast_applies says where a group may take it; elsewhere nvfp4_group_fast. The
+// writers take it for a whole warp at once (every lane's group applies), so a lane that
+// applies may also take nvfp4_group_fast: both give the scalar codec's bytes.
+enum class Nvfp4Fast : uint8_t { kNone, kPow2, kReciprocal };
+MLAKV_HD Nvfp4Fast nvfp4_fast_mode(float s) {
+  if ((f32_bits(s) & 0x7FFFFFu) == 0 && s >= 5.42101086e-20f && s <= 1.84467441e+19f) return Nvfp4Fast::kPow2;
+  if (s >= 8.67361738e-19f && s <= 1.26765060e+30f) return Nvfp4Fast::kReciprocal;
+  return Nvfp4Fast::kNone;
+}
+// The group's max |x / s| from its max |x| (mode != kNone; equal to the max of the y above
+// wherever nvfp4_fast_applies).
+MLAKV_HD float nvfp4_fast_amax_y(Nvfp4Fast mode, float amax_x, float s, float rs) {
+#if defined(__CUDA_ARCH__)
+  return mode == Nvfp4Fast::kPow2 ? __fmul_rn(amax_x, rs) : div_rn_by_reciprocal(amax_x, s, rs);
+#else
+  return mode == Nvfp4Fast::kPow2 ? amax_x * rs : div_rn_by_reciprocal(amax_x, s, rs);
+#endif
+}
+MLAKV_HD bool nvfp4_fast_applies(Nvfp4Fast mode, uint8_t sf_code, float amax_y, float amax_x, float rs) {
+  constexpr uint8_t kMinNormalCode = 8;  // 2^-6
+  const bool reciprocal_ok = mode != Nvfp4Fast::kReciprocal || amax_x * rs <= 6.64613997e+35f;
+  return mode != Nvfp4Fast::kNone && sf_code >= kMinNormalCode && amax_y <= 2856.0f && reciprocal_ok;
+}
+// The e2m1 magnitude code of 0 <= q < 7 (f32_to_e2m1_satfinite(q) & 7, no clamp needed)
+// in floating point, as the float 2^23 + code: e2m1's values are 0.5 apart below 2, 1 apart
+// in [2, 4) and 2 apart from 4, so the code is RNE(2q) below 2, RNE(q) + 2 in [2, 4) and
+// RNE(q / 2) + 4 from 4 (ties to even values are ties to even codes), and each of those is
+// the least of the three everywhere it applies (2q <= q + 2 iff q <= 2, q + 2 <= q / 2 + 4
+// iff q <= 4, q / 2 + 4 <= 2q iff q >= 8/3; RNE is monotonic). Each is one rounding of
+// 2^23 + (its argument) to an integer (ulp 1 in [2^23, 2^24)). Three operations on the FMA
+// pipe and two maxima instead of the integer rounding's seven on the ALU pipe.
+MLAKV_HD float e2m1_code_below7_f(float q) {
+#if defined(__CUDA_ARCH__)
+  const float b = __fadd_rn(q, 8388610.0f);
+#else
+  const float b = q + 8388610.0f;
+#endif
+  const float a = fma_f(q, 2.0f, 8388608.0f), c = fma_f(q, 0.5f, 8388612.0f);
+  return fmin_nonnan(fmin_nonnan(a, b), c);
+}
+// The group's 8 code bytes (two little-endian u32) on the fast path: b = sf s and rb =
+// RN(1/sf) rs for kPow2, b = sf and rb = RN(1/sf) for kReciprocal. Each word packs eight
+// nibbles: the codes through a multiply-add chain over the bits 0x4B000000 + code of
+// e2m1_code_below7_f (the chain's sum of those offsets, 0x4B000000 (1 + 16) mod 2^32 =
+// 0xFB000000, subtracted once), the sign bits (e2m1_code's sign, from x) through a funnel
+// shift of each element's top nibble.
+MLAKV_HD void nvfp4_group_codes_fast(Nvfp4Fast mode, const float* x, float s, float rs, float b, float rb, uint32_t* w) {
+  constexpr uint32_t kOffsets = 0xFB000000u;
+  for (int k = 0; k < 2; ++k) {
+    uint32_t codes = 0, signs = 0;
+    for (int j = 7; j >= 0; --j) {
+      const float xv = x[8 * k + j];
+      const float y = mode == Nvfp4Fast::kPow2 ? fabs_f(xv) : div_rn_by_reciprocal(fabs_f(xv), s, rs);
+      codes = codes * 16u + f32_bits(e2m1_code_below7_f(div_rn_by_e4m3(y, b, rb)));
+      signs = (signs << 4) | (f32_bits(xv) >> 28);
+    }
+    w[k] = (codes - kOffsets) | (signs & 0x88888888u);
   }
 }
 

@@ -1227,7 +1227,7 @@ TEST_F(Cuda, WriterPrimitivesEqualTheScalarCodec) {
   unsigned long long counts[test::kNumPrimitiveChecks], first[test::kNumPrimitiveChecks];
   ASSERT_EQ(test::check_writer_primitives(counts, first), 0);
   const char* names[] = {"e4m3x2", "e4m3x2 (NaN in)", "bf16x2", "bf16x2 (NaN in)", "e2m1", "division by group scales",
-                         "division by s", "nvfp4 group-scale code", "e4m3 decode"};
+                         "division by s", "nvfp4 group-scale code", "e4m3 decode", "e2m1 below 7 (fast path)"};
   for (int k = 0; k < test::kNumPrimitiveChecks; ++k) {
     std::printf("  %-26s %llu mismatches%s\n", names[k], counts[k],
                 counts[k] ? fmt::format(" (first: input 0x{:08x}, got 0x{:x})", first[k] >> 32, first[k] & 0xFFFFFFFFu).c_str() : "");
@@ -1263,7 +1263,9 @@ TEST_F(Cuda, WritersAreByteIdenticalOnAdversarialInputs) {
     if (kind == 4 && i % 7 == 0) rope[i] = -0.0f;
   }
   for (KvFormat f : kFormats) {
-    for (float outer : {1.0f, 0.3f, 7.44e-6f, 1e-20f, 1e35f}) {
+    // Powers of two inside (0.125) and outside (2^-70, 2^70) the nvfp4 fast path's
+    // [2^-64, 2^64], the reciprocal path (0.3, 7.44e-6), the IEEE fallback (1e-20, 1e35).
+    for (float outer : {1.0f, 0.125f, 0x1p-70f, 0x1p70f, 0.3f, 7.44e-6f, 1e-20f, 1e35f}) {
       for (int m = 0; m < 3; ++m) {  // 0 pow2 fp8 / static, 1 exact fp8, 2 token-scale
         const bool token_scale = m == 2;
         if ((m == 1 && f != KvFormat::kFp8DsMla) || (token_scale && !is_nvfp4_format(f))) continue;

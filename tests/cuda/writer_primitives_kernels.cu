@@ -33,6 +33,10 @@ __global__ void every_float_kernel(unsigned long long* counts, unsigned long lon
       const uint32_t c = codec::e2m1_code(fabsf(x), x);
       if (c != f32_to_e2m1_satfinite(x)) note(counts, first, kE2m1, bits, c);
     }
+    if (bits < 0x40E00000u) {  // [0, 7)
+      const uint32_t c7 = f32_bits(codec::e2m1_code_below7_f(x)) - 0x4B000000u;
+      if (c7 != f32_to_e2m1_satfinite(x)) note(counts, first, kE2m1Below7, bits, c7);
+    }
     if (bits <= 0x7F800000u) {
       const uint32_t sc = codec::nvfp4_group_scale_code_fast(x);
       if (sc != codec::nvfp4_group_scale_code(x)) note(counts, first, kNvfp4ScaleCode, bits, sc);

@@ -15,6 +15,7 @@ enum PrimitiveCheck : int {
   kDivScale,        // the same for random divisors on the reciprocal path
   kNvfp4ScaleCode,  // nvfp4_group_scale_code_fast vs nvfp4_group_scale_code, every float >= 0 and +Inf
   kE4m3Decode,      // e4m3_to_f32_fast vs e4m3_to_f32, every non-NaN code
+  kE2m1Below7,      // e2m1_code_below7_f vs f32_to_e2m1_satfinite, every float in [0, 7)
   kNumPrimitiveChecks
 };
 

@@ -1,9 +1,12 @@
 // Cache writers: one warp per token, one launch per layer per step. Every rounding
 // goes through the host/device primitives of format/record_codec.h (the writers' fast
 // ones: hardware e4m3 / bf16 conversions, divisions through a reciprocal where that is
-// the IEEE quotient), so the bytes equal the CPU codec's (tests/cuda/cuda_harness.cc). Lane l of the warp owns the
-// record parts common/record_part.cuh names (record::Lane): latent dims [16l, 16l+16),
-// rope dims [2l, 2l+2).
+// the IEEE quotient, the nvfp4 fast path of record_codec.h where a warp's groups all allow
+// it), so the bytes equal the CPU codec's (tests/cuda/cuda_harness.cc). Lane l of the warp
+// owns the record parts common/record_part.cuh names (record::Lane): latent dims
+// [16l, 16l+16), rope dims [2l, 2l+2). The nvfp4 writers are bound by instruction issue
+// and the ALU pipe (half the issue rate), so their element code keeps to the FMA pipe
+// where it can (docs/perf.md, "Cache writers, helper wrt3").
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -19,6 +22,9 @@ namespace mlakv::cuda::kernels {
 namespace {
 
 constexpr int kWarpsPerBlock = 4;
+// 8 blocks of 4 warps per SM: at most 64 registers a thread, 32 warps resident (the
+// writers hide their load latency with warps; 72 registers would leave 28).
+constexpr int kMinBlocksPerSm = 8;
 constexpr int kLaneDims = record::kLaneLatentDims;  // 16
 constexpr int kLaneRope = record::kLaneRopeDims;    // 2
 static_assert(record::kWriterLanes == 32, "one warp per record");
@@ -27,13 +33,15 @@ static_assert(record::kWriterLanes == 32, "one warp per record");
 // 16-byte (or 8-byte) vector loads when the address allows it - one load instruction
 // per 16 bytes instead of one per element, which is what the writer's bandwidth hangs
 // on - else element by element. The values are the same either way.
-template <int N>
+// kVec: the launch checked that every lane's run is aligned for its vector loads
+// (input_is_vector_aligned), so the element-by-element path is not compiled in.
+template <int N, bool kVec>
 __device__ __forceinline__ void load_run(const void* base, int64_t off, bool bf16, float (&x)[N]) {
   static_assert(N == 16 || N == 2);
   if (bf16) {
     const uint16_t* ptr = static_cast<const uint16_t*>(base) + off;
     if constexpr (N == 16) {
-      if ((reinterpret_cast<uintptr_t>(ptr) & 15u) == 0) {
+      if (kVec || (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0) {
         const uint4 a = __ldg(reinterpret_cast<const uint4*>(ptr)), b = __ldg(reinterpret_cast<const uint4*>(ptr) + 1);
         const uint32_t w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
 #pragma unroll
@@ -44,19 +52,21 @@ __device__ __forceinline__ void load_run(const void* base, int64_t off, bool bf1
         return;
       }
     } else {
-      if ((reinterpret_cast<uintptr_t>(ptr) & 3u) == 0) {
+      if (kVec || (reinterpret_cast<uintptr_t>(ptr) & 3u) == 0) {
         const uint32_t w = __ldg(reinterpret_cast<const uint32_t*>(ptr));
         x[0] = bf16_to_f32(static_cast<uint16_t>(w & 0xFFFFu));
         x[1] = bf16_to_f32(static_cast<uint16_t>(w >> 16));
         return;
       }
     }
+    if constexpr (!kVec) {
 #pragma unroll
-    for (int i = 0; i < N; ++i) x[i] = bf16_to_f32(ptr[i]);
+      for (int i = 0; i < N; ++i) x[i] = bf16_to_f32(ptr[i]);
+    }
   } else {
     const float* ptr = static_cast<const float*>(base) + off;
     if constexpr (N == 16) {
-      if ((reinterpret_cast<uintptr_t>(ptr) & 15u) == 0) {
+      if (kVec || (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0) {
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
           const float4 v = __ldg(reinterpret_cast<const float4*>(ptr) + k);
@@ -68,15 +78,17 @@ __device__ __forceinline__ void load_run(const void* base, int64_t off, bool bf1
         return;
       }
     } else {
-      if ((reinterpret_cast<uintptr_t>(ptr) & 7u) == 0) {
+      if (kVec || (reinterpret_cast<uintptr_t>(ptr) & 7u) == 0) {
         const float2 v = __ldg(reinterpret_cast<const float2*>(ptr));
         x[0] = v.x;
         x[1] = v.y;
         return;
       }
     }
+    if constexpr (!kVec) {
 #pragma unroll
-    for (int i = 0; i < N; ++i) x[i] = __ldg(ptr + i);
+      for (int i = 0; i < N; ++i) x[i] = __ldg(ptr + i);
+    }
   }
 }
 
@@ -182,10 +194,8 @@ __device__ __forceinline__ float warp_max_magnitude(float v) {
 struct LaneTally {
   unsigned tokens = 0, groups = 0, subnormal = 0;
   float max_abs = 0.0f;
-  __device__ void add(const float (&x)[kLaneDims], float outer_scale) {
-    float a = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kLaneDims; ++i) a = fmaxf(a, fabsf(x[i]));
+  // a: the group's max |latent|.
+  __device__ void add(float a, float outer_scale) {
     ++tokens;
     if (a != 0.0f) {
       ++groups;
@@ -206,15 +216,40 @@ struct LaneTally {
   }
 };
 
+// The nvfp4 writers' per-launch state: s_l, RN(1/s_l) and its fast-path mode (outside
+// token-scale mode, the same for every token), and every e4m3 group scale's value and
+// reciprocal (sf, RN(1/sf)) by code in shared memory (codes 0..127; 0x7F, NaN, never
+// occurs: nvfp4_group_scale_code_fast saturates to 0x7E).
+struct Nvfp4Launch {
+  float s, rs;
+  codec::Nvfp4Fast mode;
+  const float2* sf_table;
+};
+constexpr int kSfTableSize = 128;
+// Every thread of the block calls it (it synchronizes the block).
+__device__ Nvfp4Launch nvfp4_launch(const WriterParams& p, float2* table) {
+  for (int c = threadIdx.x; c < kSfTableSize; c += blockDim.x) {
+    const float sf = codec::e4m3_to_f32_fast(c == 0x7F ? 0u : static_cast<uint32_t>(c));
+    table[c] = make_float2(sf, sf != 0.0f ? codec::reciprocal_rn(sf) : 0.0f);
+  }
+  __syncthreads();
+  Nvfp4Launch l;
+  l.s = p.outer_scale;
+  l.rs = l.s != 0.0f ? codec::reciprocal_rn(l.s) : 0.0f;
+  l.mode = codec::nvfp4_fast_mode(l.s);
+  l.sf_table = table;
+  return l;
+}
+
 // One token: lane `lane`'s parts of record `rec`.
-template <KvFormat F, bool kTf>
-__device__ __forceinline__ void encode_token(const WriterParams& p, const LaneTransform<kTf>& tf, int lane, int64_t t,
-                                             uint8_t* rec, LaneTally& tally) {
+template <KvFormat F, bool kTf, bool kVec>
+__device__ __forceinline__ void encode_token(const WriterParams& p, const LaneTransform<kTf>& tf, const Nvfp4Launch& nl,
+                                             int lane, int64_t t, uint8_t* rec, LaneTally& tally) {
   const int64_t lo = t * p.latent_stride, ro = t * p.rope_stride;
   float x[kLaneDims];
-  load_run(p.latent, lo + kLaneDims * lane, p.bf16_input, x);
+  load_run<kLaneDims, kVec>(p.latent, lo + kLaneDims * lane, p.bf16_input, x);
   float r[kLaneRope];
-  load_run(p.rope, ro + kLaneRope * lane, p.bf16_input, r);
+  load_run<kLaneRope, kVec>(p.rope, ro + kLaneRope * lane, p.bf16_input, r);
   if constexpr (kTf) {
     transform_latent(tf, lane, x);
     transform_rope(tf, lane, r);
@@ -253,18 +288,41 @@ __device__ __forceinline__ void encode_token(const WriterParams& p, const LaneTr
     // Lane g: group g (dims [16g, 16g+16)) -> bytes [8g, 8g+8) and scale byte 256+g.
     // The divisor: s_l, or in token-scale mode s_t = token_amax * f32(1/2688) (the max over
     // the warp is exact, so s_t equals the scalar codec's nvfp4_token_scale).
-    float s = p.outer_scale;
-    float lane_amax = -1.0f;  // this group's max |x| in token-scale mode (nvfp4_group_fast's hint)
-    if (p.token_scale) {
-      lane_amax = 0.0f;
+    float lane_amax = 0.0f;  // this group's max |x|
 #pragma unroll
-      for (int i = 0; i < kLaneDims; ++i) lane_amax = fmaxf(lane_amax, fabsf(x[i]));
+    for (int i = 0; i < kLaneDims; ++i) lane_amax = fmaxf(lane_amax, fabsf(x[i]));
+    float s, rs;
+    codec::Nvfp4Fast mode;
+    if (p.token_scale) {
       s = warp_max_magnitude(lane_amax) * layout::nvfp4_token_scale::kFactor;
+      rs = s != 0.0f ? codec::reciprocal_rn(s) : 0.0f;
+      mode = codec::nvfp4_fast_mode(s);
+    } else {
+      s = nl.s;
+      rs = nl.rs;
+      mode = nl.mode;
     }
-    if (p.tally != nullptr) tally.add(x, s);  // set outside token-scale mode only (s = s_l)
+    if (p.tally != nullptr) tally.add(lane_amax, s);  // set outside token-scale mode only (s = s_l)
     uint8_t sf_code = 0;
     uint32_t w[2] = {0, 0};
-    if (s != 0.0f) sf_code = codec::nvfp4_group_fast(x, s, w, lane_amax);  // s_t = 0: an all-zero latent, zero codes and scales
+    if (s != 0.0f) {  // s_t = 0: an all-zero latent, zero codes and scales
+      // The fast path where every lane's group allows it (s and mode are the warp's).
+      bool fast = false;
+      if (mode != codec::Nvfp4Fast::kNone) {
+        const float amax_y = codec::nvfp4_fast_amax_y(mode, lane_amax, s, rs);
+        sf_code = codec::nvfp4_group_scale_code_fast(amax_y);
+        fast = __all_sync(0xFFFFFFFFu, codec::nvfp4_fast_applies(mode, sf_code, amax_y, lane_amax, rs));
+        if (fast) {
+          const float2 sf = nl.sf_table[sf_code];
+          if (mode == codec::Nvfp4Fast::kPow2) {
+            codec::nvfp4_group_codes_fast(mode, x, s, rs, __fmul_rn(sf.x, s), __fmul_rn(sf.y, rs), w);
+          } else {
+            codec::nvfp4_group_codes_fast(mode, x, s, rs, sf.x, sf.y, w);
+          }
+        }
+      }
+      if (!fast) sf_code = codec::nvfp4_group_fast(x, s, w, lane_amax);
+    }
     *reinterpret_cast<uint2*>(rec + P::kLatentOffset + Ln::kLatentBytes * lane) = make_uint2(w[0], w[1]);
     rec[P::kScaleOffset + lane] = sf_code;
     // The token scale's bits, or zero: the first u32 of the pad at kTokenScaleOffset.
@@ -293,13 +351,16 @@ __device__ __forceinline__ void encode_token(const WriterParams& p, const LaneTr
 
 // Each warp encodes tokens warp, warp + W, warp + 2W, ... (W warps in the grid, sized to
 // what the GPU holds at once), so the transform's factors are loaded once per block.
-template <KvFormat F, bool kTf>
-__global__ void __launch_bounds__(kWarpsPerBlock * 32) write_cache_kernel(WriterParams p) {
+template <KvFormat F, bool kTf, bool kVec>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32, kMinBlocksPerSm) write_cache_kernel(WriterParams p) {
   const int lane = threadIdx.x & 31;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
   __shared__ std::conditional_t<kTf, TransformSmem, int> smem;
+  __shared__ std::conditional_t<is_nvfp4_format(F), float2[kSfTableSize], int> sf_table;
   LaneTransform<kTf> tf;
   if constexpr (kTf) tf.load(p, &smem);
+  Nvfp4Launch nl{};
+  if constexpr (is_nvfp4_format(F)) nl = nvfp4_launch(p, sf_table);
   LaneTally tally;
   for (int64_t t = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5); t < p.n; t += stride) {
     const int64_t slot = p.slots[t];
@@ -308,7 +369,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) write_cache_kernel(Writer
       if (lane == 0 && p.error_count != nullptr) atomicAdd(p.error_count, 1);
       continue;
     }
-    encode_token<F, kTf>(p, tf, lane, t, p.cache + slot * p.record_bytes, tally);
+    encode_token<F, kTf, kVec>(p, tf, nl, lane, t, p.cache + slot * p.record_bytes, tally);
   }
   if constexpr (is_nvfp4_format(F)) {
     if (p.tally != nullptr) tally.flush(p.tally, lane);
@@ -318,12 +379,12 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) write_cache_kernel(Writer
 // Resident blocks per SM of one kernel on the current device (looked up once per kernel:
 // the writers run on one architecture per process in practice; a wrong count only costs
 // speed).
-template <KvFormat F, bool kTf>
+template <KvFormat F, bool kTf, bool kVec>
 int grid_blocks(int64_t n) {
   static std::atomic<int> per_sm{0}, sms{0};
   if (per_sm.load(std::memory_order_relaxed) == 0) {
     int b = 0, dev = 0, c = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, write_cache_kernel<F, kTf>, kWarpsPerBlock * 32, 0) != cudaSuccess || b < 1) b = 1;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, write_cache_kernel<F, kTf, kVec>, kWarpsPerBlock * 32, 0) != cudaSuccess || b < 1) b = 1;
     if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&c, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || c < 1) c = 1;
     sms.store(c, std::memory_order_relaxed);
     per_sm.store(b, std::memory_order_relaxed);
@@ -333,6 +394,16 @@ int grid_blocks(int64_t n) {
   return static_cast<int>(std::max<int64_t>(1, std::min(full, resident)));
 }
 
+// Whether every lane's latent run (16 elements at t * latent_stride + 16 lane) starts on a
+// 16-byte boundary and every rope run (2 at t * rope_stride + 2 lane) on a 2-element one,
+// for every token: load_run's vector loads then need no check.
+bool input_is_vector_aligned(const WriterParams& p) {
+  const int64_t es = p.bf16_input ? 2 : 4;  // element bytes
+  const auto lat = reinterpret_cast<uintptr_t>(p.latent), rope = reinterpret_cast<uintptr_t>(p.rope);
+  return lat % 16 == 0 && (p.latent_stride * es) % 16 == 0 && (kLaneDims * es) % 16 == 0 &&
+         rope % static_cast<uintptr_t>(kLaneRope * es) == 0 && (p.rope_stride * es) % (kLaneRope * es) == 0;
+}
+
 }  // namespace
 
 int launch_write_cache(KvFormat format, const WriterParams& p, void* stream) {
@@ -340,12 +411,20 @@ int launch_write_cache(KvFormat format, const WriterParams& p, void* stream) {
   const dim3 block(kWarpsPerBlock * 32);
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   const bool tf = p.t_gain != nullptr;
+  const bool vec = input_is_vector_aligned(p);
   return dispatch_format<KernelSet::kAll>(format, int{cudaErrorInvalidValue}, [&](auto tag) {
     constexpr KvFormat F = decltype(tag)::value;
+    auto go = [&](auto kernel, int blocks) { kernel<<<blocks, block, 0, s>>>(p); };
     if (tf) {
-      write_cache_kernel<F, true><<<grid_blocks<F, true>(p.n), block, 0, s>>>(p);
+      if (vec) {
+        go(write_cache_kernel<F, true, true>, grid_blocks<F, true, true>(p.n));
+      } else {
+        go(write_cache_kernel<F, true, false>, grid_blocks<F, true, false>(p.n));
+      }
+    } else if (vec) {
+      go(write_cache_kernel<F, false, true>, grid_blocks<F, false, true>(p.n));
     } else {
-      write_cache_kernel<F, false><<<grid_blocks<F, false>(p.n), block, 0, s>>>(p);
+      go(write_cache_kernel<F, false, false>, grid_blocks<F, false, false>(p.n));
     }
     return static_cast<int>(cudaGetLastError());
   });
