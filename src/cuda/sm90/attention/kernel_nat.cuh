@@ -239,26 +239,33 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
     return ptx::desc_sw128(ring_addr + st * kStageBytes + 4 * wg * kBlockBytes + kk * 2048, kBlockBytes, 1024);
   };
 
-  // One site per wgmma kind (both warpgroups run the same instructions on the same
-  // registers; only selects and branches without wgmma depend on the role): ptxas
-  // serializes wgmma whose accumulators a role-dependent branch would move.
-  for (int t = -1; t < n_tiles; ++t) {
+  // One site per wgmma kind and one wgmma.wait site per step (both warpgroups run the
+  // same instructions on the same registers; only selects and branches without wgmma
+  // depend on the role): ptxas serializes the wgmma otherwise (C7515). One step per
+  // tile, P of even and odd tiles in two register sets (the loop runs in pairs).
+  uint32_t pa_even[4][4], pa_odd[4][4];
+  auto step = [&](const int t, uint32_t(&pa_t)[4][4]) __attribute__((always_inline)) {
+    if (t >= n_tiles) return;
     if (t >= 0) {
       const int st = t % kStages;
       uint8_t* stage = ring + st * kStageBytes;
       uint8_t* pblk = stage + (kBlocks - 1) * kBlockBytes;  // P over the rope block (S is done with it)
       const bool own = (t & 1) == wg;
-      uint32_t pa[4][4];  // P as the A fragments of the 4 k-steps
+      uint32_t(&pa)[4][4] = pa_t;
       float sum[2] = {0.0f, 0.0f};
       float a[2];
-      ptx::wg_wait<0>();  // this warpgroup's P V of tile t - 1 (and S(t) when it owns t)
+      // In flight: this warpgroup's P V of tile t - 1, and S(t) when it owns t. The stage
+      // of tile t - 1 goes back before the hand-off wait (the producer refills it meanwhile).
+      ptx::wg_wait<0>();
       ptx::wg_hold128(o);
+      if (t >= 1) release(t - 1);
       ptx::wg_hold32(s);
       if (own) {
         // ---- owner: softmax of S(t), P, the new maxima and alpha, hand-off ----
         const uint64_t mask = vmask[st];
         const int64_t pos0 = begin + static_cast<int64_t>(t) * kTile;
         float m_new[2], alpha[2];
+        float(&x_all)[32] = s;  // the scores, scaled and masked, then P
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int r = r0 + 8 * h;
@@ -270,8 +277,8 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
             for (int e = 0; e < 2; ++e) {
               const int k = 8 * j + 2 * c + e;
               const bool ok = ((mask >> k) & 1ull) && k < vis;
-              float& x = s[4 * j + 2 * h + e];
-              x = ok ? x * p.scale_log2 : -INFINITY;
+              float& x = x_all[4 * j + 2 * h + e];
+              x = ok ? s[4 * j + 2 * h + e] * p.scale_log2 : -INFINITY;
               v = fmaxf(v, x);
             }
           }
@@ -284,14 +291,14 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
 #pragma unroll
         for (int i = 0; i < 32; ++i) {
           const int h = (i >> 1) & 1;
-          const float e = m_new[h] == -INFINITY ? 0.0f : exp2f(s[i] - m_new[h]);
+          const float e = m_new[h] == -INFINITY ? 0.0f : exp2f(x_all[i] - m_new[h]);
           sum[h] += e;
-          s[i] = e;
+          x_all[i] = e;
         }
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) {
 #pragma unroll
-          for (int x = 0; x < 4; ++x) pa[kk][x] = gp::pack_bf16x2(s[8 * kk + 2 * x], s[8 * kk + 2 * x + 1]);
+          for (int x = 0; x < 4; ++x) pa[kk][x] = gp::pack_bf16x2(x_all[8 * kk + 2 * x], x_all[8 * kk + 2 * x + 1]);
         }
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
@@ -331,17 +338,23 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
         }
       }
       // ---- both: O = alpha O + P V over this warpgroup's 256 dims ----
-      if (t >= 1) release(t - 1);
       l_run[0] = l_run[0] * a[0] + sum[0];
       l_run[1] = l_run[1] * a[1] + sum[1];
       scale_o(a[0], a[1]);
+    }
+    if (t >= 0) {
       ptx::wg_fence();
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) ptx::wgmma_n256_bf16_rs(o, pa[kk], v_desc(st, kk), 1);
+      for (int kk = 0; kk < 4; ++kk) ptx::wgmma_n256_bf16_rs(o, pa_t[kk], v_desc(t % kStages, kk), 1);
       ptx::wg_commit();
     }
-    // ---- S of this warpgroup's next tile ----
+    // ---- S of this warpgroup's next tile, after its P V of this one ----
     if (t + 1 < n_tiles && ((t + 1) & 1) == wg) issue_scores(t + 1);
+  };
+  step(-1, pa_odd);
+  for (int t = 0; t < n_tiles; t += 2) {
+    step(t, pa_even);
+    step(t + 1, pa_odd);
   }
   ptx::wg_wait<0>();
   ptx::wg_hold128(o);

@@ -19,6 +19,17 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t byt
   asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 }
 
+// True when the barrier's phase with the given parity has completed (acquire; no wait).
+__device__ __forceinline__ bool mbar_test(uint32_t bar, uint32_t parity) {
+  uint32_t r;
+  asm volatile(
+      "{\n.reg .pred p;\nmbarrier.test_wait.parity.acquire.cta.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(r)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return r != 0;
+}
+
 // Box (c0 = column in elements, c1 = row) of the 2-D tensor map at `tmap` (a
 // __grid_constant__ kernel parameter) into shared memory at `dst`; completion is reported
 // to `bar` as transaction bytes (the whole box).
