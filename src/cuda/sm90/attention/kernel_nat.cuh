@@ -93,7 +93,6 @@ __device__ __forceinline__ int64_t box_row(const AttentionParams& p, int b, int6
 
 }  // namespace nat
 
-template <int kV>
 __global__ void __launch_bounds__(nat::kThreads, 1)
     attention_nat_kernel(const __grid_constant__ kernels::AttentionParams p, const __grid_constant__ CUtensorMap tmap) {
 #if MLAKV_SM90_DEVICE
@@ -240,11 +239,10 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
     return ptx::desc_sw128(ring_addr + st * kStageBytes + 4 * wg * kBlockBytes + kk * 2048, kBlockBytes, 1024);
   };
 
-  // One site per wgmma kind (both warpgroups run the same instructions on the same
-  // registers; only selects and branches without wgmma depend on the role): ptxas
-  // serializes wgmma whose accumulators a role-dependent branch would move.
-  // One step per tile; P of even and odd tiles in two register sets (kV 2: P(t) is
-  // written while the P V of tile t - 1 may still read P(t - 1) from registers).
+  // One site per wgmma kind and one wgmma.wait site per step (both warpgroups run the
+  // same instructions on the same registers; only selects and branches without wgmma
+  // depend on the role): ptxas serializes the wgmma otherwise (C7515). One step per
+  // tile, P of even and odd tiles in two register sets (the loop runs in pairs).
   uint32_t pa_even[4][4], pa_odd[4][4];
   auto step = [&](const int t, uint32_t(&pa_t)[4][4]) __attribute__((always_inline)) {
     if (t >= n_tiles) return;
@@ -256,28 +254,18 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
       uint32_t(&pa)[4][4] = pa_t;
       float sum[2] = {0.0f, 0.0f};
       float a[2];
-      // In flight: this warpgroup's P V of tile t - 1, and S(t) when it owns t (kV 2:
-      // issued before that P V, so it completes first and the softmax runs beside it).
-      if (kV == 2) {
-        ptx::wg_wait<1>();  // both roles, one site: S(t) done when owned; P V(t - 1) may still run
-      } else {
-        // (One wait site for both roles: ptxas serializes the wgmma otherwise, C7515.)
-        ptx::wg_wait<0>();
-        ptx::wg_hold128(o);
-        // Before the hand-off wait: the producer refills the stage meanwhile (kV 3: the
-        // owner's part of tile t - 1 went back before S(t) was issued).
-        if (t >= 1 && !(kV == 3 && own)) release(t - 1);
-      }
+      // In flight: this warpgroup's P V of tile t - 1, and S(t) when it owns t. The stage
+      // of tile t - 1 goes back before the hand-off wait (the producer refills it meanwhile).
+      ptx::wg_wait<0>();
+      ptx::wg_hold128(o);
+      if (t >= 1) release(t - 1);
       ptx::wg_hold32(s);
       if (own) {
         // ---- owner: softmax of S(t), P, the new maxima and alpha, hand-off ----
         const uint64_t mask = vmask[st];
         const int64_t pos0 = begin + static_cast<int64_t>(t) * kTile;
         float m_new[2], alpha[2];
-        // The scores, scaled and masked, then P: kV 2 keeps S untouched (the softmax runs
-        // beside the P V of tile t - 1, and ptxas serializes when S is rewritten, C7515).
-        float x_buf[32];
-        float(&x_all)[32] = kV == 2 ? x_buf : s;
+        float(&x_all)[32] = s;  // the scores, scaled and masked, then P
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int r = r0 + 8 * h;
@@ -350,32 +338,18 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
         }
       }
       // ---- both: O = alpha O + P V over this warpgroup's 256 dims ----
-      if (kV == 2) {
-        ptx::wg_wait<0>();
-        ptx::wg_hold128(o);
-        if (t >= 1) release(t - 1);
-      }
       l_run[0] = l_run[0] * a[0] + sum[0];
       l_run[1] = l_run[1] * a[1] + sum[1];
       scale_o(a[0], a[1]);
     }
-    const bool next_mine = t + 1 < n_tiles && ((t + 1) & 1) == wg;
-    // ---- kV 2: S of this warpgroup's next tile ahead of its P V of this one ----
-    if (kV == 2 && next_mine) issue_scores(t + 1);
     if (t >= 0) {
       ptx::wg_fence();
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) ptx::wgmma_n256_bf16_rs(o, pa_t[kk], v_desc(t % kStages, kk), 1);
       ptx::wg_commit();
     }
-    // ---- kV 1, 3: S of this warpgroup's next tile after its P V of this one (kV 3: once
-    // that P V completed, so that the stage goes back before S runs) ----
-    if (kV == 3 && next_mine && t >= 0) {
-      ptx::wg_wait<0>();
-      ptx::wg_hold128(o);
-      release(t);
-    }
-    if (kV != 2 && next_mine) issue_scores(t + 1);
+    // ---- S of this warpgroup's next tile, after its P V of this one ----
+    if (t + 1 < n_tiles && ((t + 1) & 1) == wg) issue_scores(t + 1);
   };
   step(-1, pa_odd);
   for (int t = 0; t < n_tiles; t += 2) {

@@ -5,7 +5,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdlib>
 
 #include "cuda/sm90/attention/kernel_nat.cuh"
 
@@ -35,17 +34,14 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 
 int configure_attention_nat(KvFormat format, int /*record_bytes*/) {
   if (format != KvFormat::kBf16) return static_cast<int>(cudaErrorInvalidValue);
-  for (auto* k : {&attention_nat_kernel<1>, &attention_nat_kernel<2>, &attention_nat_kernel<3>}) {
-    const cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, nat::kSmemBytes);
-    if (e != cudaSuccess) return static_cast<int>(e);
-  }
-  return 0;
+  return static_cast<int>(
+      cudaFuncSetAttribute(attention_nat_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, nat::kSmemBytes));
 }
 
 int attention_nat_ctas_per_sm(KvFormat format, int record_bytes) {
   if (configure_attention_nat(format, record_bytes) != 0) return 0;
   int n = 0;
-  const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attention_nat_kernel<1>, nat::kThreads, nat::kSmemBytes);
+  const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attention_nat_kernel, nat::kThreads, nat::kSmemBytes);
   return e == cudaSuccess ? n : 0;
 }
 
@@ -68,12 +64,7 @@ int launch_attention_nat(KvFormat format, const kernels::AttentionParams& kp, in
                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) return static_cast<int>(cudaErrorInvalidValue);
   const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(kp.B), static_cast<unsigned>(kp.num_splits));
-  static const int variant = [] {
-    const char* v = std::getenv("MLAKV_NAT_VARIANT");
-    return v != nullptr ? std::atoi(v) : 1;
-  }();
-  auto* k = variant == 2 ? &attention_nat_kernel<2> : variant == 3 ? &attention_nat_kernel<3> : &attention_nat_kernel<1>;
-  k<<<grid, nat::kThreads, nat::kSmemBytes, static_cast<cudaStream_t>(stream)>>>(kp, map);
+  attention_nat_kernel<<<grid, nat::kThreads, nat::kSmemBytes, static_cast<cudaStream_t>(stream)>>>(kp, map);
   return static_cast<int>(cudaGetLastError());
 }
 
