@@ -307,9 +307,10 @@ void run_device(const Host& t, std::vector<float>& out, std::vector<float>& lse,
   lse.assign(gl.begin() + kGuard, gl.end() - kGuard);
 }
 
-void check_case(const Case& c, bool use_graph = false) {
+// Runs a built case (its table and token sets possibly edited after build) and checks it.
+void check_built(Host& t, bool use_graph = false) {
+  const Case& c = t.c;
   SCOPED_TRACE(test::describe(c));
-  Host t = build(c);
   std::vector<float> out, lse;
   cuda::AttentionPath path{};
   run_device(t, out, lse, path, use_graph);
@@ -349,6 +350,11 @@ void check_case(const Case& c, bool use_graph = false) {
   }
   const double max_err = stats.max_abs();
   ::testing::Test::RecordProperty("max_abs_err", std::to_string(max_err));
+}
+
+void check_case(const Case& c, bool use_graph = false) {
+  Host t = build(c);
+  check_built(t, use_graph);
 }
 
 class Cuda : public ::testing::Test {
@@ -1096,6 +1102,36 @@ TEST_F(Cuda, HopperNaturalKernelTileEdges) {
     c.bf16_q = variant == 1;
     c.seed = static_cast<uint32_t>(1600 + variant);
     check_case(c);
+    if (HasFatalFailure()) return;
+  }
+}
+
+// Dense block tables with invalid entries inside a request's length (an id of -1 and one
+// past num_blocks): the kernel skips those pages (no box is loaded, the tokens are masked,
+// the V rows of the stale stage bytes zeroed) and the reference drops their tokens. Whole
+// tiles of invalid pages (block size 16: four pages per tile), single pages inside a tile,
+// a page at a split boundary.
+TEST_F(Cuda, HopperNaturalKernelSkipsInvalidPages) {
+  if (!is_hopper()) GTEST_SKIP() << "not an sm_90 device";
+  KernelEnv env("sm90_nat");
+  for (int bs : {16, 64}) {
+    Case c;
+    c.format = KvFormat::kBf16;
+    c.block_size = bs;
+    c.heads = 64;
+    c.s_q = 2;
+    c.splits = 3;
+    c.seqlens = {600, 250};
+    c.seed = static_cast<uint32_t>(1700 + bs);
+    Host t = build(c);
+    // request 0: pages 1 and 4..7 (bs 16: one whole 64-token tile) invalid, 9 past num_blocks;
+    // request 1: its second page.
+    const std::vector<std::pair<int, int64_t>> holes = {{0, 1}, {0, 4}, {0, 5}, {0, 6}, {0, 7}, {0, 9}, {1, 1}};
+    for (const auto& [b, page] : holes) {
+      if (page * bs >= c.seqlens[static_cast<std::size_t>(b)]) continue;
+      test::invalidate_page(t, b, page, page == 9 ? static_cast<int32_t>(t.view.num_blocks + 5) : -1);
+    }
+    check_built(t);
     if (HasFatalFailure()) return;
   }
 }
