@@ -20,8 +20,9 @@
 //               no longer needs) and zeroes the V rows of masked tokens (NaN-poisoned
 //               slots may sit there: 0 * NaN would reach O); named barrier hand-off;
 //               O_own += P V (4 RS wgmma m64n256k16, P from the S registers);
-//      other    waits for the hand-off, rescales its O by alpha, O += P V (4 SS wgmma
-//               m64n256k16, P from shared memory), then issues S of its next tile.
+//      other    waits for the hand-off, rescales its O by alpha, O += P V (the same 4
+//               RS wgmma m64n256k16, P loaded by ldmatrix from the rope block), then
+//               issues S of its next tile.
 //    Each warpgroup keeps O for its half of the 512 output dims (warpgroup k: dims
 //    256 k .. 256 k + 255, 128 fp32 registers), for all 64 rows; V is read MN-major
 //    (transpose bit) from the same swizzled tile: dims in 64-wide blocks 8 KB apart
@@ -29,7 +30,8 @@
 // Softmax rows live in the wgmma accumulator fragment (each row in the four threads of a
 // quad), so the row max / sum are two shuffles; the running max passes between the
 // warpgroups with the hand-off (the owner of tile t reads the maxima after tile t - 1).
-// Stage t % 2 goes back to the producer when both warpgroups' P V of tile t completed.
+// Stage t % 2 goes back to the producer when both warpgroups' P V of tile t completed
+// (each warpgroup's part at its next step, before it waits for a hand-off).
 // Shared memory: Q 72 KB + 2 stages x 72 KB + 1.4 KB (one CTA per SM).
 #pragma once
 
