@@ -8,7 +8,8 @@
 // --reps. Bytes = q + cache records read + out; FLOPs = 2 H s_q tokens (576 + 512).
 // On an sm_90 device every attention shape runs on every kernel (MLAKV_CUDA_ATTENTION
 // = sm80, the portable mma.sync kernel, sm90, the 16-row warp-specialized Hopper kernel,
-// then sm90_rows, the many-row one, where the shape has >= 64 rows per request) over the
+// then sm90_rows, the many-row one, where the shape has >= 64 rows per request, and
+// sm90_nat, the natural-arrangement many-row one, for bf16 dense shapes of >= 64 rows) over the
 // same cache contents, each with its own suggested split count (and, with --splits
 // N[,M...], at those split counts too). The last column, xfloor, is the step time over
 // the DRAM floor (bytes / the measured copy bandwidth).
@@ -330,7 +331,7 @@ int main(int argc, char** argv) {
     else if (a == "--writers") writers_only = true;
     else if (a == "--kernel" && i + 1 < argc) only_kernel = argv[++i];
     else {
-      std::fprintf(stderr, "error: unknown argument '%s' (usage: bench_cuda [--reps N] [--json PATH] [--format F] [--shape I[,J...]] [--splits N[,M...]] [--kernel sm80|sm90|sm90_rows] [--no-ceilings] [--writers])\n", a.c_str());
+      std::fprintf(stderr, "error: unknown argument '%s' (usage: bench_cuda [--reps N] [--json PATH] [--format F] [--shape I[,J...]] [--splits N[,M...]] [--kernel sm80|sm90|sm90_rows|sm90_nat] [--no-ceilings] [--writers])\n", a.c_str());
       return 2;
     }
   }
@@ -372,6 +373,7 @@ int main(int argc, char** argv) {
   if (props->major == 9) {
     kernels.push_back("sm90");       // the 16-row Hopper kernel (forced)
     kernels.push_back("sm90_rows");  // the many-row one (64 rows per CTA; shapes of >= 64 rows per request)
+    kernels.push_back("sm90_nat");   // the natural-arrangement one (bf16, dense, >= 64 rows per request)
   }
   if (!only_kernel.empty()) kernels = {only_kernel};
   std::printf("%-9s %-22s %-7s %3s %4s %4s %6s %5s %6s %9s %11s %7s %8s %7s %7s %7s\n", "kernel", "format", "kind", "B", "H",

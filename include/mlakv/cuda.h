@@ -47,18 +47,23 @@ StatusOr<DeviceProperties> device_properties(int device = 0);
 // R = 64 without the per-token scale mode (nvfp4_ds_mla_int8rope and token-scale layers
 // run on kSm80 everywhere for now). kSm90Rows: the many-row Hopper kernel (64 query
 // rows per CTA, src/cuda/sm90/attention/kernel_rows.cuh), same devices and formats as
-// kSm90, picked where a request has at least 64 rows (dense s_q * H, sparse H). The
-// environment variable MLAKV_CUDA_ATTENTION=sm80 forces kSm80, =sm90 requires the
-// 16-row kSm90 kernel, =sm90_rows requires kSm90Rows (planning fails where the forced
-// path cannot run), unset, empty or auto picks (kSm90Rows, else kSm90, else kSm80).
-enum class AttentionPath : uint8_t { kSm80 = 0, kSm90 = 1, kSm90Rows = 2 };
-// "sm80", "sm90", "sm90_rows" (the MLAKV_CUDA_ATTENTION values)
+// kSm90, picked where a request has at least 64 rows (dense s_q * H, sparse H). kSm90Nat:
+// the natural-arrangement many-row Hopper kernel for bf16 records (64 query rows per CTA
+// as the wgmma M dimension, the KV tile read by TMA and the tensor cores from shared
+// memory; src/cuda/sm90/attention/kernel_nat.cuh), dense token sets of >= 64 rows per
+// request at block sizes 8, 16, 32 or a multiple of 64; picked before kSm90Rows where it
+// serves. The environment variable MLAKV_CUDA_ATTENTION=sm80 forces kSm80, =sm90
+// requires the 16-row kSm90 kernel, =sm90_rows requires kSm90Rows, =sm90_nat requires
+// kSm90Nat (planning fails where the forced path cannot run), unset, empty or auto picks
+// (kSm90Nat, else kSm90Rows, else kSm90, else kSm80).
+enum class AttentionPath : uint8_t { kSm80 = 0, kSm90 = 1, kSm90Rows = 2, kSm90Nat = 3 };
+// "sm80", "sm90", "sm90_rows", "sm90_nat" (the MLAKV_CUDA_ATTENTION values)
 const char* attention_path_name(AttentionPath path);
 
 struct AttentionPlan {
   AttentionPath path = AttentionPath::kSm80;  // the kernel path run_mla_attention launches
   int num_splits = 1;
-  int row_blocks = 0;            // CTAs over the rows of one request (16 rows per CTA; 64 on kSm90Rows)
+  int row_blocks = 0;            // CTAs over the rows of one request (16 rows per CTA; 64 on kSm90Rows, kSm90Nat)
   int64_t partial_rows = 0;      // rows of split partials kept in the workspace
   std::size_t workspace_bytes = 0;  // caller allocates this much device memory
 };

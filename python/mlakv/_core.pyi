@@ -254,4 +254,4 @@ class DecodePlan:
     def workspace_bytes(self) -> int: ...
     @property
     def path(self) -> str:
-        """The kernel path the plan runs: "sm80", "sm90" or "sm90_rows"."""
+        """The kernel path the plan runs: "sm80", "sm90", "sm90_rows" or "sm90_nat"."""

@@ -307,9 +307,10 @@ void run_device(const Host& t, std::vector<float>& out, std::vector<float>& lse,
   lse.assign(gl.begin() + kGuard, gl.end() - kGuard);
 }
 
-void check_case(const Case& c, bool use_graph = false) {
+// Runs a built case (its table and token sets possibly edited after build) and checks it.
+void check_built(Host& t, bool use_graph = false) {
+  const Case& c = t.c;
   SCOPED_TRACE(test::describe(c));
-  Host t = build(c);
   std::vector<float> out, lse;
   cuda::AttentionPath path{};
   run_device(t, out, lse, path, use_graph);
@@ -349,6 +350,11 @@ void check_case(const Case& c, bool use_graph = false) {
   }
   const double max_err = stats.max_abs();
   ::testing::Test::RecordProperty("max_abs_err", std::to_string(max_err));
+}
+
+void check_case(const Case& c, bool use_graph = false) {
+  Host t = build(c);
+  check_built(t, use_graph);
 }
 
 class Cuda : public ::testing::Test {
@@ -595,6 +601,16 @@ std::vector<AttnCase> sanitizer_cases() {
     c.topk = 40;
     v.push_back({c});
   }
+  for (int bs : {16, 64}) {  // the natural-arrangement kernel (bf16, dense, 64 rows: H = 64 or H = 32 x s_q = 2)
+    Case c;
+    c.format = KvFormat::kBf16;
+    c.heads = bs == 16 ? 64 : 32;
+    c.s_q = bs == 16 ? 1 : 2;
+    c.block_size = bs;
+    c.splits = 2;
+    c.seqlens = {170, 0, 5};
+    v.push_back({c});
+  }
   Case ts;  // the token-scale reader path
   ts.format = KvFormat::kNvfp4DsMlaInt8Rope;
   ts.token_scale = true;
@@ -643,6 +659,40 @@ std::vector<AttnCase> many_row_cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(ManyRowKernel, CudaAttention, ::testing::ValuesIn(many_row_cases()), attn_case_name);
+
+// The natural-arrangement sm90 kernel (sm90_nat: bf16 records, dense, >= 64 rows per
+// request; auto-picked on Hopper where it serves): heads {64, 128} x s_q {1, 2, 4}, every
+// block size it takes (8, 16, 32, 64, 128: boxes of one page, or several pages per
+// 64-token tile), split counts {1, 2, 3, 5}, long requests (the two-stage ring wrapping)
+// and short or empty ones (masked tiles over NaN-poisoned unused slots), causal and not,
+// bf16 q, and one graph replay (the TMA descriptor travels in the captured launch).
+// Elsewhere (no Hopper) these run the path the plan picks.
+std::vector<AttnCase> natural_cases() {
+  std::vector<AttnCase> v;
+  const int block_sizes[] = {8, 16, 32, 64, 128}, split_counts[] = {1, 2, 3, 5};
+  int k = 0;
+  for (int heads : {64, 128}) {
+    for (int s_q : {1, 2, 4}) {
+      for (int variant = 0; variant < 2; ++variant) {
+        Case c;
+        c.format = KvFormat::kBf16;
+        c.heads = heads;
+        c.s_q = s_q;
+        c.block_size = block_sizes[k % 5];
+        c.splits = split_counts[(k / 4 + k) % 4];
+        c.seqlens = variant == 0 ? std::vector<int>{700, 33, 200} : std::vector<int>{0, 130, 1, 64};
+        c.causal = k % 4 != 3;
+        c.bf16_q = k % 3 == 1;
+        c.seed = static_cast<uint32_t>(4000 + k);
+        v.push_back({c, /*graph=*/k == 5});
+        ++k;
+      }
+    }
+  }
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(NaturalKernel, CudaAttention, ::testing::ValuesIn(natural_cases()), attn_case_name);
 
 INSTANTIATE_TEST_SUITE_P(DenseEveryFormatHeadCountAndBlockSize, CudaAttention, ::testing::ValuesIn(dense_cases()),
                          attn_case_name);
@@ -805,6 +855,49 @@ TEST_F(Cuda, KernelChoiceFollowsTheDeviceAndTheEnvironment) {
     if (forced.ok()) {
       EXPECT_EQ(forced->path, cuda::AttentionPath::kSm90);
     }
+  }
+  {
+    // The natural-arrangement kernel: bf16 dense requests of >= 64 rows at the block sizes
+    // its TMA boxes tile pick it on Hopper; =sm90_rows keeps them on the many-row kernel;
+    // =sm90_nat refuses 16 rows, the quantized formats, block size 33 and sparse sets.
+    Case n = c;
+    n.format = KvFormat::kBf16;
+    n.heads = 128;
+    n.block_size = 64;
+    Host tn = build(n);
+    PlanParams dn(tn);
+    auto plan = cuda::plan_mla_attention(dn.p);
+    ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+    EXPECT_EQ(plan->path, is_hopper() ? cuda::AttentionPath::kSm90Nat : cuda::AttentionPath::kSm80);
+    EXPECT_STREQ(cuda::attention_path_name(plan->path), is_hopper() ? "sm90_nat" : "sm80");
+    if (is_hopper()) {
+      EXPECT_EQ(plan->row_blocks, 2);
+    }
+    {
+      KernelEnv env("sm90_rows");
+      auto rows = cuda::plan_mla_attention(dn.p);
+      EXPECT_EQ(rows.ok(), is_hopper());
+      if (rows.ok()) {
+        EXPECT_EQ(rows->path, cuda::AttentionPath::kSm90Rows);
+      }
+    }
+    KernelEnv env("sm90_nat");
+    auto forced = cuda::plan_mla_attention(dn.p);
+    EXPECT_EQ(forced.ok(), is_hopper());
+    EXPECT_FALSE(cuda::plan_mla_attention(p).ok());  // fp8, 16 rows
+    Case odd = n;
+    odd.block_size = 33;
+    Host to = build(odd);
+    PlanParams dodd(to);
+    auto refused = cuda::plan_mla_attention(dodd.p);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_NE(refused.status().message().find("sm90_nat"), std::string::npos) << refused.status().to_string();
+    Case sp = n;
+    sp.sparse = true;
+    sp.topk = 16;
+    Host ts = build(sp);
+    PlanParams dsp(ts);
+    EXPECT_FALSE(cuda::plan_mla_attention(dsp.p).ok());
   }
   {
     KernelEnv env("fastest");
@@ -1003,6 +1096,63 @@ TEST_F(Cuda, HopperManyRowKernelTileEdges) {
       check_case(c);
       if (HasFatalFailure()) return;
     }
+  }
+}
+
+// The natural-arrangement kernel's own edges (bf16, 64 rows per CTA, 64-token tiles in a
+// two-stage TMA ring, tiles owned by alternate warpgroups): sequences ending on either
+// side of a tile, long split chunks (the ring wrapping many times, both warpgroups
+// owning last tiles), exactly 64 rows (H = 64; H = 16 x s_q = 4, causal, so one CTA
+// holds four queries whose visible lengths differ inside a tile), 96 heads (the second
+// CTA half empty), block sizes 8 (eight pages per tile) and 256 (four tiles per page),
+// bf16 q, more splits than tiles.
+TEST_F(Cuda, HopperNaturalKernelTileEdges) {
+  if (!is_hopper()) GTEST_SKIP() << "not an sm_90 device";
+  KernelEnv env("sm90_nat");
+  for (int variant = 0; variant < 5; ++variant) {
+    Case c;
+    c.format = KvFormat::kBf16;
+    c.block_size = variant == 1 ? 8 : (variant == 3 ? 256 : 64);
+    c.heads = variant == 0 ? 64 : (variant == 1 ? 16 : (variant == 2 ? 96 : 128));
+    c.s_q = variant == 1 ? 4 : (variant == 3 ? 2 : 1);
+    c.splits = variant == 0 ? 1 : (variant == 2 ? 2 : (variant == 4 ? 40 : 3));
+    c.seqlens = variant == 2 ? std::vector<int>{31, 32, 63, 64, 65, 127, 129, 705}
+                             : (variant == 4 ? std::vector<int>{130, 3} : std::vector<int>{33, 96, 1000, 0});
+    c.causal = variant != 3;
+    c.bf16_q = variant == 1;
+    c.seed = static_cast<uint32_t>(1600 + variant);
+    check_case(c);
+    if (HasFatalFailure()) return;
+  }
+}
+
+// Dense block tables with invalid entries inside a request's length (an id of -1 and one
+// past num_blocks): the kernel skips those pages (no box is loaded, the tokens are masked,
+// the V rows of the stale stage bytes zeroed) and the reference drops their tokens. Whole
+// tiles of invalid pages (block size 16: four pages per tile), single pages inside a tile,
+// a page at a split boundary.
+TEST_F(Cuda, HopperNaturalKernelSkipsInvalidPages) {
+  if (!is_hopper()) GTEST_SKIP() << "not an sm_90 device";
+  KernelEnv env("sm90_nat");
+  for (int bs : {16, 64}) {
+    Case c;
+    c.format = KvFormat::kBf16;
+    c.block_size = bs;
+    c.heads = 64;
+    c.s_q = 2;
+    c.splits = 3;
+    c.seqlens = {600, 250};
+    c.seed = static_cast<uint32_t>(1700 + bs);
+    Host t = build(c);
+    // request 0: pages 1 and 4..7 (bs 16: one whole 64-token tile) invalid, 9 past num_blocks;
+    // request 1: its second page.
+    const std::vector<std::pair<int, int64_t>> holes = {{0, 1}, {0, 4}, {0, 5}, {0, 6}, {0, 7}, {0, 9}, {1, 1}};
+    for (const auto& [b, page] : holes) {
+      if (page * bs >= c.seqlens[static_cast<std::size_t>(b)]) continue;
+      test::invalidate_page(t, b, page, page == 9 ? static_cast<int32_t>(t.view.num_blocks + 5) : -1);
+    }
+    check_built(t);
+    if (HasFatalFailure()) return;
   }
 }
 

@@ -42,7 +42,7 @@ struct Built {
   CacheLayerView view;
   int64_t max_blocks = 1;
   std::vector<int32_t> table, seqlens, indices, topk_len;
-  std::vector<std::vector<int64_t>> written;  // slots written per request, by position
+  std::vector<std::vector<int64_t>> written;  // slots written per request, by position (-1: skipped by the kernels)
   std::vector<float> q;
   std::vector<uint16_t> q16;
 
@@ -160,7 +160,24 @@ inline std::vector<int64_t> token_set(const Built& t, int b, int i) {
   const int len = c.seqlens[static_cast<std::size_t>(b)];
   const int vis = c.causal ? std::clamp(len - c.s_q + i + 1, 0, len) : len;
   const auto& w = t.written[static_cast<std::size_t>(b)];
-  return std::vector<int64_t>(w.begin(), w.begin() + vis);
+  for (int k = 0; k < vis; ++k) {
+    if (w[static_cast<std::size_t>(k)] >= 0) out.push_back(w[static_cast<std::size_t>(k)]);  // -1: a page a test made invalid
+  }
+  return out;
+}
+
+// Makes page `page` of request b's block table invalid (`id`: -1, or an id past the
+// cache's blocks) for the CUDA kernels, which cannot validate a device table and skip such
+// pages (params/attention.h); token_set then drops those tokens too (their slots keep their
+// records: a kernel that read them anyway would differ from the reference). The CPU entry
+// points validate host tables and refuse such entries instead.
+inline void invalidate_page(Built& t, int b, int64_t page, int32_t id) {
+  t.table[static_cast<std::size_t>(b * t.max_blocks + page)] = id;
+  auto& w = t.written[static_cast<std::size_t>(b)];
+  const int64_t bs = t.c.block_size;
+  for (int64_t pos = page * bs; pos < (page + 1) * bs && pos < static_cast<int64_t>(w.size()); ++pos) {
+    w[static_cast<std::size_t>(pos)] = -1;
+  }
 }
 
 // Decoded [latent | rope] of a slot.

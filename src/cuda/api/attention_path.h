@@ -24,7 +24,7 @@
 namespace mlakv::cuda {
 
 struct AttentionKernels {
-  const char* name;  // "sm80", "sm90", "sm90_rows" (= attention_path_name, = the MLAKV_CUDA_ATTENTION value)
+  const char* name;  // "sm80", "sm90", "sm90_rows", "sm90_nat" (= attention_path_name, = the MLAKV_CUDA_ATTENTION value)
   int rows_per_cta;  // query rows one CTA covers (the plan's row_blocks unit)
   // True when this path can run p on p.cache.device (binary built for it, device,
   // format, record geometry and alignment).
@@ -41,10 +41,12 @@ struct AttentionKernels {
   bool programmatic_combine = false;
 };
 
-// The path that serves p on p.cache.device: kSm90Rows where it serves p (requests of
-// >= 64 rows), else kSm90 where it serves p, else kSm80 (every supported GPU runs it).
-// MLAKV_CUDA_ATTENTION=sm80 forces kSm80; =sm90 requires the 16-row kSm90 and
-// =sm90_rows requires kSm90Rows, each an InvalidArgument where it does not serve p;
+// The path that serves p on p.cache.device: kSm90Nat where it serves p (bf16, dense,
+// >= 64 rows, block sizes its TMA boxes tile), else kSm90Rows where it serves p (requests
+// of >= 64 rows), else kSm90 where it serves p, else kSm80 (every supported GPU runs it).
+// MLAKV_CUDA_ATTENTION=sm80 forces kSm80; =sm90 requires the 16-row kSm90,
+// =sm90_rows requires kSm90Rows and =sm90_nat kSm90Nat, each an InvalidArgument where it
+// does not serve p;
 // any other non-empty value but "auto" is an InvalidArgument too.
 StatusOr<AttentionPath> select_attention_path(const MlaAttentionParams& p);
 
