@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "cuda/params/attention.h"
+#include "mlakv/formats.h"
 
 namespace mlakv::cuda {
 
@@ -71,6 +72,23 @@ __device__ __forceinline__ CtaWork cta_work(const kernels::AttentionParams& p) {
   w.end = std::min<int64_t>(n_max, w.begin + chunk);
   w.n_tiles = static_cast<int>((w.end - w.begin + kTile - 1) / kTile);
   return w;
+}
+
+// Where the result row of query i, head h of request b goes: the output (and its LSE) with one
+// split, else this split's partial slots, which the combine (smxx/combine.cu) reads. Writes
+// the LSE when `write_lse` (one thread per row) and returns the row's first output float.
+__device__ __forceinline__ float* result_row(const kernels::AttentionParams& p, int b, int split, int i, int h,
+                                             float lse, bool write_lse) {
+  float* dst;
+  if (p.num_splits == 1) {
+    dst = p.out + b * p.o_s0 + static_cast<int64_t>(i) * p.o_s1 + static_cast<int64_t>(h) * p.o_s2;
+    if (write_lse) p.lse[b * p.l_s0 + static_cast<int64_t>(i) * p.l_s1 + static_cast<int64_t>(h) * p.l_s2] = lse;
+  } else {
+    const int64_t grow = (static_cast<int64_t>(b) * p.s_q + i) * p.H + h;
+    dst = p.part_o + (static_cast<int64_t>(split) * p.rows_total + grow) * kLatentDim;
+    if (write_lse) p.part_lse[static_cast<int64_t>(split) * p.rows_total + grow] = lse;
+  }
+  return dst;
 }
 
 }  // namespace mlakv::cuda

@@ -271,15 +271,7 @@ __global__ void __launch_bounds__(kThreads) mla_attention_kernel(KParams p) {
     const bool empty = l_run[rr] == 0.0f;
     const float inv = empty ? 0.0f : 1.0f / l_run[rr];
     const float lse = empty ? -INFINITY : (m_run[rr] + log2f(l_run[rr])) * kLn2;
-    float* dst;
-    if (p.num_splits == 1) {
-      dst = p.out + b * p.o_s0 + static_cast<int64_t>(i) * p.o_s1 + static_cast<int64_t>(h) * p.o_s2;
-      if (c == 0 && warp == 0) p.lse[b * p.l_s0 + static_cast<int64_t>(i) * p.l_s1 + static_cast<int64_t>(h) * p.l_s2] = lse;
-    } else {
-      const int64_t grow = (static_cast<int64_t>(b) * p.s_q + i) * p.H + h;
-      dst = p.part_o + (static_cast<int64_t>(split) * p.rows_total + grow) * kLatentDim;
-      if (c == 0 && warp == 0) p.part_lse[static_cast<int64_t>(split) * p.rows_total + grow] = lse;
-    }
+    float* dst = result_row(p, b, split, i, h, lse, c == 0 && warp == 0);
 #pragma unroll
     for (int nt = 0; nt < kColsPerWarp / 8; ++nt) {
       const int col = warp * kColsPerWarp + 8 * nt + 2 * c;

@@ -697,15 +697,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_sm90_kernel(const __gri
     const bool is_empty = l == 0.0f;
     const float scale = is_empty ? 0.0f : post / l;
     const float lse = is_empty ? -INFINITY : (m_run[rr] + log2f(l)) * kLn2;
-    float* dst;
-    if (p.num_splits == 1) {
-      dst = p.out + b * p.o_s0 + static_cast<int64_t>(i) * p.o_s1 + static_cast<int64_t>(h) * p.o_s2;
-      if (c == 0 && w == 0) p.lse[b * p.l_s0 + static_cast<int64_t>(i) * p.l_s1 + static_cast<int64_t>(h) * p.l_s2] = lse;
-    } else {
-      const int64_t grow = (static_cast<int64_t>(b) * p.s_q + i) * p.H + h;
-      dst = p.part_o + (static_cast<int64_t>(split) * p.rows_total + grow) * kLatentDim;
-      if (c == 0 && w == 0) p.part_lse[static_cast<int64_t>(split) * p.rows_total + grow] = lse;
-    }
+    float* dst = result_row(p, b, split, i, h, lse, c == 0 && w == 0);
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
       *reinterpret_cast<float2*>(dst + ocol(w, j, 2 * c)) = make_float2(o[j][2 * rr] * scale, o[j][2 * rr + 1] * scale);
@@ -930,6 +922,71 @@ __device__ __forceinline__ void wg_v_frags(const uint8_t* t0, const uint8_t* t1,
     }
   }
 }
+// Q^T of a 16-row CTA into shared memory (v8, v9 and v10; 128 threads of the first consumer
+// warpgroup): row n = tid / 8, its 8 threads split the k-steps' pairs; row_sc[n] gets the
+// row's power-of-two prescale folded into the softmax scale.
+template <KvFormat F, bool Vt>
+__device__ __forceinline__ void wg_store_qt(const AttentionParams& p, const CtaWork& cw, int tid, uint8_t* qt,
+                                            float* row_sc) {
+  const int b = cw.b, row0 = cw.row0, rows_req = cw.rows_req;
+  auto row_query = [&](int r) { return cw.query(p, r); };
+  auto row_head = [&](int r) { return cw.head(p, r); };
+  const int n = tid >> 3, sub = tid & 7;
+  const bool ok = row0 + n < rows_req;
+  const int rc = ok ? n : 0;
+  const int64_t off = b * p.q_s0 + static_cast<int64_t>(row_query(rc)) * p.q_s1 +
+                      static_cast<int64_t>(row_head(rc)) * p.q_s2;
+  auto q_at = [&](int d) -> float {
+    float v = p.q_bf16 ? bf16_to_f32(static_cast<const uint16_t*>(p.q)[off + d]) : static_cast<const float*>(p.q)[off + d];
+    return ok ? v : 0.0f;
+  };
+  const float lat_base = is_nvfp4(F) ? p.outer_scale * 128.0f : 1.0f;
+  // The row's 72 values of this thread, every load issued before the first use (one
+  // memory round trip; the loop unrolled by 8 here made ~9 dependent ones: 2.5-3.5 us
+  // of a one-tile split's ~18 us at B = 1, docs/perf.md "tp"). The pass below re-reads
+  // q from L1.
+  float qv[kQkDim / 8];
+  if (p.q_bf16) {
+#pragma unroll
+    for (int k = 0; k < kQkDim / 8; ++k) qv[k] = bf16_to_f32(static_cast<const uint16_t*>(p.q)[off + sub + 8 * k]);
+  } else {
+#pragma unroll
+    for (int k = 0; k < kQkDim / 8; ++k) qv[k] = static_cast<const float*>(p.q)[off + sub + 8 * k];
+  }
+  float amax = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kQkDim / 8; ++k) {
+    const int d = sub + 8 * k;
+    amax = fmaxf(amax, fabsf((ok ? qv[k] : 0.0f) * (d < kLatentDim ? lat_base : 1.0f)));
+  }
+  amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 1));
+  amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 2));
+  amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 4));
+  int e = 0;
+  if (amax > 0.0f && amax <= 3.4e38f) {
+    int ex;
+    (void)frexpf(amax, &ex);
+    e = std::clamp(15 - ex, -100, 100);
+  }
+  if (sub == 0) row_sc[n] = ldexpf(p.scale_log2, -e);
+  const float mlat = ldexpf(lat_base, e), mrope = ldexpf(1.0f, e);
+#pragma unroll 4
+  for (int ks = 0; ks < kWgKSteps; ++ks) {
+    const int kk = 2 * sub;
+    const int d0 = wg_qdim<F, Vt>(ks, kk), d1 = wg_qdim<F, Vt>(ks, kk + 1);
+    uint32_t v;
+    if (ks < 32) {
+      v = ptx::pack_f16x2(q_at(d0) * mlat, q_at(d1) * mlat);
+    } else if constexpr (f16_rope(F)) {
+      v = ptx::pack_f16x2(q_at(d0) * mrope, q_at(d1) * mrope);
+    } else {
+      v = mlakv::cuda::ptx::pack_bf16x2(q_at(d0) * mrope, q_at(d1) * mrope);
+    }
+    *reinterpret_cast<uint32_t*>(qt + 512 * ks + wg_b_offset(n, kk)) = v;
+  }
+  ptx::fence_proxy_async();  // the tensor cores read Q^T through the async proxy
+}
+
 #endif  // MLAKV_SM90_DEVICE
 
 template <KvFormat F, bool Vt = wg_vtile<F>()>
@@ -981,63 +1038,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_wg_kernel(const __grid_
 
   // ================= consumers: one warpgroup =================
   const int w = warp, g = lane >> 2, c = lane & 3;
-  // ---- Q^T into shared memory: row n = tid / 8, its 8 threads split the k-steps' pairs ----
-  {
-    const int n = tid >> 3, sub = tid & 7;
-    const bool ok = row0 + n < rows_req;
-    const int rc = ok ? n : 0;
-    const int64_t off = b * p.q_s0 + static_cast<int64_t>(row_query(rc)) * p.q_s1 +
-                        static_cast<int64_t>(row_head(rc)) * p.q_s2;
-    auto q_at = [&](int d) -> float {
-      float v = p.q_bf16 ? bf16_to_f32(static_cast<const uint16_t*>(p.q)[off + d]) : static_cast<const float*>(p.q)[off + d];
-      return ok ? v : 0.0f;
-    };
-    const float lat_base = is_nvfp4(F) ? p.outer_scale * 128.0f : 1.0f;
-    // The row's 72 values of this thread, every load issued before the first use (one
-    // memory round trip; the loop unrolled by 8 here made ~9 dependent ones: 2.5-3.5 us
-    // of a one-tile split's ~18 us at B = 1, docs/perf.md "tp"). The pass below re-reads
-    // q from L1.
-    float qv[kQkDim / 8];
-    if (p.q_bf16) {
-#pragma unroll
-      for (int k = 0; k < kQkDim / 8; ++k) qv[k] = bf16_to_f32(static_cast<const uint16_t*>(p.q)[off + sub + 8 * k]);
-    } else {
-#pragma unroll
-      for (int k = 0; k < kQkDim / 8; ++k) qv[k] = static_cast<const float*>(p.q)[off + sub + 8 * k];
-    }
-    float amax = 0.0f;
-#pragma unroll
-    for (int k = 0; k < kQkDim / 8; ++k) {
-      const int d = sub + 8 * k;
-      amax = fmaxf(amax, fabsf((ok ? qv[k] : 0.0f) * (d < kLatentDim ? lat_base : 1.0f)));
-    }
-    amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 1));
-    amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 2));
-    amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 4));
-    int e = 0;
-    if (amax > 0.0f && amax <= 3.4e38f) {
-      int ex;
-      (void)frexpf(amax, &ex);
-      e = std::clamp(15 - ex, -100, 100);
-    }
-    if (sub == 0) row_sc[n] = ldexpf(p.scale_log2, -e);
-    const float mlat = ldexpf(lat_base, e), mrope = ldexpf(1.0f, e);
-#pragma unroll 4
-    for (int ks = 0; ks < kWgKSteps; ++ks) {
-      const int kk = 2 * sub;
-      const int d0 = wg_qdim<F, Vt>(ks, kk), d1 = wg_qdim<F, Vt>(ks, kk + 1);
-      uint32_t v;
-      if (ks < 32) {
-        v = ptx::pack_f16x2(q_at(d0) * mlat, q_at(d1) * mlat);
-      } else if constexpr (f16_rope(F)) {
-        v = ptx::pack_f16x2(q_at(d0) * mrope, q_at(d1) * mrope);
-      } else {
-        v = mlakv::cuda::ptx::pack_bf16x2(q_at(d0) * mrope, q_at(d1) * mrope);
-      }
-      *reinterpret_cast<uint32_t*>(qt + 512 * ks + wg_b_offset(n, kk)) = v;
-    }
-    ptx::fence_proxy_async();  // the tensor cores read Q^T through the async proxy
-  }
+  wg_store_qt<F, Vt>(p, cw, tid, qt, row_sc);  // ---- Q^T into shared memory ----
   ptx::named_barrier(kConsumerBarrier, kConsumerThreads);
 
   // The thread's 4 query rows: 8j + 2c + e (accumulator column of d[4j + 2h + e]).
@@ -1456,15 +1457,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_wg_kernel(const __grid_
       const float inv_l = is_empty ? 0.0f : 1.0f / l;
       const float lse = is_empty ? -INFINITY : (m_run[j][e] + log2f(l)) * kLn2;
       const int i = row_query(r), h = row_head(r);
-      float* dst;
-      if (p.num_splits == 1) {
-        dst = p.out + b * p.o_s0 + static_cast<int64_t>(i) * p.o_s1 + static_cast<int64_t>(h) * p.o_s2;
-        if (w == 0 && g == 0) p.lse[b * p.l_s0 + static_cast<int64_t>(i) * p.l_s1 + static_cast<int64_t>(h) * p.l_s2] = lse;
-      } else {
-        const int64_t grow = (static_cast<int64_t>(b) * p.s_q + i) * p.H + h;
-        dst = p.part_o + (static_cast<int64_t>(split) * p.rows_total + grow) * kLatentDim;
-        if (w == 0 && g == 0) p.part_lse[static_cast<int64_t>(split) * p.rows_total + grow] = lse;
-      }
+      float* dst = result_row(p, b, split, i, h, lse, w == 0 && g == 0);
       if constexpr (kFp8) {  // o[mb][4j + 2h + e]: dims as in wg_v_frags (runs of 4 floats)
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
@@ -1583,51 +1576,7 @@ __global__ void __launch_bounds__(kWg2Threads, 2) attention_wg2_kernel(const __g
 
   // ================= consumers: two warpgroups =================
   const int u = warp >> 2, w = warp & 3, g = lane >> 2, c = lane & 3, wt = tid & (kConsumerThreads - 1);
-  if (u == 0) {  // ---- Q^T into shared memory (warpgroup 0; as v8/v9) ----
-    const int n = tid >> 3, sub = tid & 7;
-    const bool ok = row0 + n < rows_req;
-    const int rc = ok ? n : 0;
-    const int64_t off = b * p.q_s0 + static_cast<int64_t>(row_query(rc)) * p.q_s1 +
-                        static_cast<int64_t>(row_head(rc)) * p.q_s2;
-    auto q_at = [&](int d) -> float {
-      float v = p.q_bf16 ? bf16_to_f32(static_cast<const uint16_t*>(p.q)[off + d]) : static_cast<const float*>(p.q)[off + d];
-      return ok ? v : 0.0f;
-    };
-    const float lat_base = p.outer_scale * 128.0f;
-    float qv[kQkDim / 8];
-    if (p.q_bf16) {
-#pragma unroll
-      for (int k = 0; k < kQkDim / 8; ++k) qv[k] = bf16_to_f32(static_cast<const uint16_t*>(p.q)[off + sub + 8 * k]);
-    } else {
-#pragma unroll
-      for (int k = 0; k < kQkDim / 8; ++k) qv[k] = static_cast<const float*>(p.q)[off + sub + 8 * k];
-    }
-    float amax = 0.0f;
-#pragma unroll
-    for (int k = 0; k < kQkDim / 8; ++k) {
-      const int d = sub + 8 * k;
-      amax = fmaxf(amax, fabsf((ok ? qv[k] : 0.0f) * (d < kLatentDim ? lat_base : 1.0f)));
-    }
-    amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 1));
-    amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 2));
-    amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 4));
-    int e = 0;
-    if (amax > 0.0f && amax <= 3.4e38f) {
-      int ex;
-      (void)frexpf(amax, &ex);
-      e = std::clamp(15 - ex, -100, 100);
-    }
-    if (sub == 0) row_sc[n] = ldexpf(p.scale_log2, -e);
-    const float mlat = ldexpf(lat_base, e), mrope = ldexpf(1.0f, e);
-#pragma unroll 4
-    for (int ks = 0; ks < kWgKSteps; ++ks) {
-      const int kk = 2 * sub;
-      const int d0 = wg_qdim<F>(ks, kk), d1 = wg_qdim<F>(ks, kk + 1);
-      const float m = ks < 32 ? mlat : mrope;
-      *reinterpret_cast<uint32_t*>(qt + 512 * ks + wg_b_offset(n, kk)) = ptx::pack_f16x2(q_at(d0) * m, q_at(d1) * m);
-    }
-    ptx::fence_proxy_async();  // the tensor cores read Q^T through the async proxy
-  }
+  if (u == 0) wg_store_qt<F, true>(p, cw, tid, qt, row_sc);  // ---- Q^T into shared memory (warpgroup 0) ----
   ptx::named_barrier(kWg2Barrier, kWg2Consumers);
 
   // The thread's 4 query rows: 8j + 2c + e (accumulator column of d[4j + 2h + e]); it
@@ -1829,16 +1778,8 @@ __global__ void __launch_bounds__(kWg2Threads, 2) attention_wg2_kernel(const __g
       const float inv_l = is_empty ? 0.0f : 1.0f / l;
       const float lse = is_empty ? -INFINITY : (m_run[j][e] + log2f(l)) * kLn2;
       const int i = row_query(r), h = row_head(r);
-      float* dst;
       const bool lse_writer = u == 0 && w == 0 && g == 0;
-      if (p.num_splits == 1) {
-        dst = p.out + b * p.o_s0 + static_cast<int64_t>(i) * p.o_s1 + static_cast<int64_t>(h) * p.o_s2;
-        if (lse_writer) p.lse[b * p.l_s0 + static_cast<int64_t>(i) * p.l_s1 + static_cast<int64_t>(h) * p.l_s2] = lse;
-      } else {
-        const int64_t grow = (static_cast<int64_t>(b) * p.s_q + i) * p.H + h;
-        dst = p.part_o + (static_cast<int64_t>(split) * p.rows_total + grow) * kLatentDim;
-        if (lse_writer) p.part_lse[static_cast<int64_t>(split) * p.rows_total + grow] = lse;
-      }
+      float* dst = result_row(p, b, split, i, h, lse, lse_writer);
       // o[mb][4j + 2h + e]: O^T row 16w + g + 8h of m-block 4u + mb = V tile group
       // 8 (4u + mb) + 2w + h, half g (as v9).
       const float sc = inv_l * post_nv;

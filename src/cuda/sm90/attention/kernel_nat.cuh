@@ -380,16 +380,8 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
     const float inv_l = is_empty ? 0.0f : 1.0f / l;
     const float lse = is_empty ? -INFINITY : (m_sh[r] + log2f(l)) * kLn2;
     const int i = cw.query(p, r), hh = cw.head(p, r);
-    float* dst;
     const bool lse_here = wg == 0 && c == 0;
-    if (p.num_splits == 1) {
-      dst = p.out + b * p.o_s0 + static_cast<int64_t>(i) * p.o_s1 + static_cast<int64_t>(hh) * p.o_s2;
-      if (lse_here) p.lse[b * p.l_s0 + static_cast<int64_t>(i) * p.l_s1 + static_cast<int64_t>(hh) * p.l_s2] = lse;
-    } else {
-      const int64_t grow = (static_cast<int64_t>(b) * p.s_q + i) * p.H + hh;
-      dst = p.part_o + (static_cast<int64_t>(split) * p.rows_total + grow) * kLatentDim;
-      if (lse_here) p.part_lse[static_cast<int64_t>(split) * p.rows_total + grow] = lse;
-    }
+    float* dst = result_row(p, b, split, i, hh, lse, lse_here);
     dst += 256 * wg + 2 * c;
 #pragma unroll
     for (int j = 0; j < 32; ++j) {

@@ -556,15 +556,7 @@ __global__ void __launch_bounds__(kRowsThreads, 1) attention_rows_kernel(const _
       const int i = row_query(r), h = row_head(r);
       const bool lse_here = w == 0 && g == 0 && (r >> 5) == wg;
       const float lse = is_empty ? -INFINITY : (fin_m[r] + log2f(l)) * kLn2;
-      float* dst;
-      if (p.num_splits == 1) {
-        dst = p.out + b * p.o_s0 + static_cast<int64_t>(i) * p.o_s1 + static_cast<int64_t>(h) * p.o_s2;
-        if (lse_here) p.lse[b * p.l_s0 + static_cast<int64_t>(i) * p.l_s1 + static_cast<int64_t>(h) * p.l_s2] = lse;
-      } else {
-        const int64_t grow = (static_cast<int64_t>(b) * p.s_q + i) * p.H + h;
-        dst = p.part_o + (static_cast<int64_t>(split) * p.rows_total + grow) * kLatentDim;
-        if (lse_here) p.part_lse[static_cast<int64_t>(split) * p.rows_total + grow] = lse;
-      }
+      float* dst = result_row(p, b, split, i, h, lse, lse_here);
       if constexpr (kBf) {
 #pragma unroll
         for (int m = 0; m < 4; ++m) {
