@@ -86,7 +86,7 @@ def test_gradient(tmp):
     # at ~1e-7 relative: a wide step with Richardson extrapolation (error O(eps^4)).
     eps = 1e-2
     for layer in (0, 1):
-        for i in (0, 7, 200, 511):
+        for i in (0, 200, 511):
             sq = 0.0
             for w in range(windows):
                 ids = tokens[w * context:(w + 1) * context]
@@ -104,7 +104,7 @@ def test_gradient(tmp):
 def test_fisher(tmp):
     g = torch.Generator().manual_seed(4)
     tokens = torch.randint(0, 96, (2,), generator=g).tolist()
-    samples = 600
+    samples = 300
     j = run_tool(tmp, tokens, 2, 1, "fisher", samples=samples, seed=9)
     check_file(j, 2)
     assert j["estimate"] == "fisher" and j["source"]["samples"] == samples
