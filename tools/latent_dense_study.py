@@ -22,6 +22,8 @@ as src/format/record_codec.h; k_pe rounded to bf16), against the unquantized mod
   denseq    F = sum_h E[q_lat,h q_lat,h^T], the absorbed queries (gradient-free)
   denseo    F = sum_h (W_o,h W_UV,h)^T (W_o,h W_UV,h), the output energy (gradient-free)
   denseqo   F = the two, each over its trace, summed
+  lowrank   dense's M approximated by its diagonal and a rank-k correction (`--ranks`; with the last
+            `--ridge`)
 
 S, F (sampled-label Fisher, `--samples` draws per window), mu and s_l come from the
 calibration text only; the KLD is measured on the eval windows. Prints KLD means and ratios to
@@ -84,8 +86,9 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--ridge", type=float, nargs="+", default=[1e-2],
                     help="dense: S and F each + ridge * tr / 512 * I before the optimum (held-out robustness)")
+    ap.add_argument("--ranks", type=int, nargs="+", default=[16, 64], help="lowrank: the ranks k")
     ap.add_argument("--variants", nargs="+", default=["uniform", "fisher", "dense"],
-                    help="of uniform, fisher, dense, densediag, densecov, denseq, denseo, denseqo")
+                    help="of uniform, fisher, dense, densediag, densecov, denseq, denseo, denseqo, lowrank")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     tok = Tokenizer.from_file(a.model + "/tokenizer.json")
@@ -184,6 +187,18 @@ def main():
                 cores[f"{fname}{rg:g}"] = torch.diag(e.clamp(min=1e-30).sqrt()) @ Q.T
                 print(f"layer {i} {fname} ridge {rg:g}: gain condition number "
                       f"{(e.max() / e.min()).sqrt().item():.3g}", file=sys.stderr)
+            if fname == "dense":
+                # diagonal + rank k: M_k = D^1/2 (I + U_k (L_k - 1) U_k^T) D^1/2 from the eigen-
+                # decomposition of D^-1/2 M D^-1/2 (D = M's diagonal), the k largest |log eig|: a
+                # writer cost of 2 * 512 * k multiply-adds per token instead of 512^2
+                Dm = Mopt.diag()
+                e2, U = torch.linalg.eigh(Mopt / torch.outer(Dm.sqrt(), Dm.sqrt()))
+                order = torch.argsort(e2.clamp(min=1e-30).log().abs(), descending=True)
+                for k in a.ranks:
+                    Uk, ek = U[:, order[:k]], e2[order[:k]]
+                    Mk = torch.outer(Dm.sqrt(), Dm.sqrt()) * (I + Uk @ torch.diag(ek - 1) @ Uk.T)
+                    ee, QQ = torch.linalg.eigh(Mk)
+                    cores[f"lowrank{k}"] = torch.diag(ee.clamp(min=1e-30).sqrt()) @ QQ.T
         cores = {k: v for k, v in cores.items() if re.sub(r"\d[0-9.e+-]*$", "", k) in a.variants}
         allc = torch.cat(cal_latents[i])
         for name, core in cores.items():
