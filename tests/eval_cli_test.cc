@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
+#include <fstream>
 #include <random>
 #include <vector>
 
@@ -299,6 +300,33 @@ TEST_F(EvalCli, MlakvRecipeBadInputs) {
   EXPECT_EQ(r.rc, 1);
   EXPECT_NE(r.err.find("--importance"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(path("u.json")));
+  // --importance file:PATH: a damaged importance file names itself and the field; nothing written.
+  {
+    std::ofstream(path("imp.json")) << R"({"format": "mlakv_latent_importance_v1", "num_layers": 2,
+      "latent_dim": 512, "estimate": "fisher", "layers": [{"w2": [1]}, {"w2": [1]}]})";
+  }
+  r = run("calibrate --model " + kTiny + " --tokens " + tk + " --context 32 --windows 2 --recipe mlakv --importance "
+          "file:" + path("imp.json") + " --out " + path("u.json"));
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("imp.json: layers[0].w2 must be a list of 512 numbers"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(path("u.json")));
+  {
+    nlohmann::json good = {{"format", "mlakv_latent_importance_v1"}, {"num_layers", 2}, {"latent_dim", 512},
+                           {"estimate", "gradient"}};
+    std::vector<double> w2(512);
+    for (int i = 0; i < 512; ++i) w2[static_cast<std::size_t>(i)] = 1.0 + i % 3;
+    good["layers"] = {{{"w2", w2}}, {{"w2", w2}}};
+    std::ofstream(path("imp.json")) << good.dump();
+  }
+  r = run("calibrate --model " + kTiny + " --tokens " + tk + " --context 32 --windows 2 --recipe mlakv --importance "
+          "file:" + path("imp.json") + " --seed-candidates 1 --json --out " + path("v.json"));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["importance"], "file");
+  EXPECT_EQ(nlohmann::json::parse(slurp(path("v.json")))["importance"], "file");
+  r = run("eval --model " + kTiny + " --tokens " + tk + " --context 32 --windows 2 --recipe mlakv --scales auto "
+          "--calib-windows 1 --importance file:" + path("none.json"));
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("none.json"), std::string::npos) << r.err;
   r = run("calibrate --activations x.safetensors --recipe mlakv --out " + path("u.json"));
   EXPECT_EQ(r.rc, 1);
   EXPECT_FALSE(fs::exists(path("u.json")));

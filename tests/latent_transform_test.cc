@@ -731,6 +731,125 @@ TEST(LatentTransformCalibrator, MeanAndUniformImportanceKnownAnswers) {
   EXPECT_FALSE(empty.finish({}).ok());
 }
 
+// ---- the importance file (mlakv_latent_importance_v1) ------------------------------------
+
+nlohmann::json importance_json(int layers) {
+  nlohmann::json j = {{"format", "mlakv_latent_importance_v1"}, {"num_layers", layers}, {"latent_dim", 512},
+                      {"estimate", "fisher"}, {"source", {{"tool", "test"}, {"windows", 1}}}};
+  nlohmann::json ls = nlohmann::json::array();
+  for (int l = 0; l < layers; ++l) {
+    std::vector<double> w2(512);
+    for (int i = 0; i < 512; ++i) w2[static_cast<std::size_t>(i)] = 0.5 * (l + 1) + 0.25 * (i % 8);
+    ls.push_back({{"w2", w2}});
+  }
+  j["layers"] = ls;
+  return j;
+}
+
+TEST(LatentImportanceFile, ParsesAndNamesTheFieldOfEveryError) {
+  const nlohmann::json good = importance_json(2);
+  auto w = parse_latent_importance_file(good.dump(), "i.json");
+  ASSERT_TRUE(w.ok()) << w.status().to_string();
+  EXPECT_EQ(w->estimate, "fisher");
+  ASSERT_EQ(w->num_layers(), 2);
+  EXPECT_EQ(w->w2[1][3], 1.0 + 0.75);
+  nlohmann::json no_source = good;
+  no_source.erase("source");
+  EXPECT_TRUE(parse_latent_importance_file(no_source.dump(), "i.json").ok());
+  const std::vector<BadEdit> cases = {
+      {[](auto& j) { j["extra"] = 1; }, "unknown key \"extra\""},
+      {[](auto& j) { j.erase("estimate"); }, "'estimate' is missing"},
+      {[](auto& j) { j["format"] = "mlakv_latent_importance_v2"; }, "field 'format'"},
+      {[](auto& j) { j["num_layers"] = 3; }, "field 'layers'"},
+      {[](auto& j) { j["num_layers"] = 2.0; }, "field 'num_layers'"},
+      {[](auto& j) { j["num_layers"] = 0; }, "field 'num_layers'"},
+      {[](auto& j) { j["latent_dim"] = 576; }, "field 'latent_dim'"},
+      {[](auto& j) { j["estimate"] = "query"; }, "field 'estimate'"},
+      {[](auto& j) { j["source"] = "tool"; }, "field 'source'"},
+      {[](auto& j) { j["layers"][1]["extra"] = 1; }, "layers[1] must be an object of exactly the key w2"},
+      {[](auto& j) { j["layers"][0] = 5; }, "layers[0] must be an object"},
+      {[](auto& j) { j["layers"][0]["w2"].erase(0); }, "layers[0].w2 must be a list of 512"},
+      {[](auto& j) { j["layers"][0]["w2"][4] = -1.0; }, "layers[0].w2[4]"},
+      {[](auto& j) { j["layers"][1]["w2"][5] = true; }, "layers[1].w2[5]"},
+      {[](auto& j) { j["layers"][1]["w2"][6] = 1e31; }, "layers[1].w2[6]"},
+      {[](auto& j) { j["layers"][1]["w2"] = std::vector<double>(512, 0.0); }, "layers[1].w2 is all zero"},
+  };
+  for (const BadEdit& c : cases) {
+    nlohmann::json j = good;
+    c.edit(j);
+    auto r = parse_latent_importance_file(j.dump(), "i.json");
+    ASSERT_FALSE(r.ok()) << c.want;
+    EXPECT_NE(r.status().message().find("i.json: "), std::string::npos) << r.status().message();
+    EXPECT_NE(r.status().message().find(c.want), std::string::npos) << r.status().message();
+  }
+  EXPECT_FALSE(parse_latent_importance_file("{\"format\": NaN}", "i.json").ok());
+  std::string dup = good.dump();
+  dup.insert(1, "\"num_layers\": 2,");
+  auto d = parse_latent_importance_file(dup, "i.json");
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(d.status().message().find("appears twice"), std::string::npos) << d.status().message();
+}
+
+// set_latent_importance: the --importance option's names and file:PATH.
+TEST(LatentImportanceFile, OptionLoadsTheFileOrNamesTheProblem) {
+  const std::string dir = ::testing::TempDir() + "/latent_importance_option";
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/i.json";
+  std::ofstream(path) << importance_json(2).dump();
+  LatentTransformRecipe r;
+  ASSERT_TRUE(set_latent_importance(r, "file:" + path).ok());
+  EXPECT_EQ(r.importance, LatentImportance::kFile);
+  EXPECT_EQ(r.weights.num_layers(), 2);
+  ASSERT_TRUE(set_latent_importance(r, "query").ok());
+  EXPECT_EQ(r.importance, LatentImportance::kQuery);
+  EXPECT_EQ(r.weights.num_layers(), 0);
+  for (const char* bad : {"file", "file:", "gradient", ""}) {
+    const Status st = set_latent_importance(r, bad);
+    ASSERT_FALSE(st.ok()) << bad;
+    EXPECT_NE(st.message().find("--importance"), std::string::npos) << st.message();
+  }
+  const Status missing = set_latent_importance(r, "file:" + dir + "/none.json");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.message().find("none.json"), std::string::npos) << missing.message();
+}
+
+// kFile: d_i = sqrt(w_i / sd_i) with w_i^2 the file's w2 (any overall size: normalised per
+// layer); the known answer d_i / d_0 = (w2_i / w2_0)^(1/4) (s_0 / s_i)^(1/2).
+TEST(LatentTransformCalibrator, FileImportanceKnownAnswer) {
+  const int64_t T = 2;
+  LatentTransformCalibrator cal(2);
+  std::vector<float> x(static_cast<std::size_t>(T * kLatentDim));
+  for (int i = 0; i < kLatentDim; ++i) {
+    const float s = 0.25f * static_cast<float>(1 + i % 4);
+    x[static_cast<std::size_t>(i)] = s;
+    x[static_cast<std::size_t>(kLatentDim + i)] = -s;
+  }
+  for (int l = 0; l < 2; ++l)
+    ASSERT_TRUE(cal.add_latent(l, TensorView::contiguous(x.data(), DType::kF32, {T, kLatentDim})).ok());
+  LatentTransformRecipe r;
+  r.importance = LatentImportance::kFile;
+  auto missing = cal.finish(r);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("importance file holds 0 layers"), std::string::npos);
+  auto w = parse_latent_importance_file(importance_json(2).dump(), "i.json");
+  ASSERT_TRUE(w.ok());
+  r.weights = *w;
+  auto t = cal.finish(r);
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  EXPECT_EQ(t->importance, "file");
+  for (int l = 0; l < 2; ++l) {
+    const auto& L = t->layers[static_cast<std::size_t>(l)];
+    for (int i = 0; i < kLatentDim; ++i) {
+      const double w0 = 0.5 * (l + 1), wi = w0 + 0.25 * (i % 8), s0 = 0.25, si = 0.25 * (1 + i % 4);
+      EXPECT_NEAR(L.d[static_cast<std::size_t>(i)] / L.d[0], std::pow(wi / w0, 0.25) * std::sqrt(s0 / si), 1e-5)
+          << l << " " << i;
+    }
+  }
+  // The file must cover exactly the model's layers.
+  r.weights.w2.pop_back();
+  EXPECT_FALSE(cal.finish(r).ok());
+}
+
 // From text on the fixture model: s_l is max |c'| / 2688 over the calibration windows
 // (c' recomputed here from the latents the observer sees), and the result applies in eval.
 TEST(CalibrateLatentTransform, OuterScaleIsTheTransformedMaxAndEvalRuns) {

@@ -179,6 +179,7 @@ struct EvalRequest {
   // "" (fork for auto, the files' own kinds), "fork", "mlakv" or "both"; needs scales.
   std::string recipe;
   LatentImportance importance = LatentTransformRecipe{}.importance;  // for mlakv-recipe auto
+  LatentImportanceWeights importance_weights;                         // with importance kFile
   int seed_candidates = LatentTransformRecipe{}.seed_candidates;     // for mlakv-recipe auto
   int64_t context = 2048, windows = 32, calib_windows = 4;
   int needle = 0;  // needle trials (docs/needle.md): needs a tokenizer and max_position_embeddings

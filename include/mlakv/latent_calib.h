@@ -85,9 +85,35 @@ enum class LatentImportance {
   kQuery,        // w_i = sqrt(sum_h E[q_lat_hi^2]): what an error on c_i moves scores by
   kOutput,       // w_i = sqrt(e_i), e_i = Model::latent_output_energy: what it moves the output by
   kQueryOutput,  // w_i^2 = q_i / mean(q) + e_i / mean(e)
+  // And one measured outside (LatentTransformRecipe::weights, an mlakv_latent_importance_v1
+  // file): w_i^2 = w2_i / mean(w2), e.g. the Fisher diagonal of the model's output w.r.t. the
+  // latent from autograd (tools/latent_importance.py).
+  kFile,
 };
-std::string_view latent_importance_name(LatentImportance k);  // "none", "uniform", "query", "output", "query+output"
+// "none", "uniform", "query", "output", "query+output", "file"
+std::string_view latent_importance_name(LatentImportance k);
 std::optional<LatentImportance> parse_latent_importance(std::string_view name);
+
+// ---- the importance file: mlakv_latent_importance_v1 ------------------------------------
+//
+// Per-layer, per-dim loss weights of the cached latent (docs/calibration.md "The importance
+// file"), one JSON object; every key required unless marked optional, no other key:
+//   {"format": "mlakv_latent_importance_v1",
+//    "num_layers": 4,                 an integer in [1, 65536]
+//    "latent_dim": 512,               exactly
+//    "estimate": "fisher",            "fisher" or "gradient" (how w2 was measured)
+//    "source": {...},                 optional (audit): any object (the tool's provenance)
+//    "layers": [{"w2": [512 numbers]}, ...]}   num_layers objects of exactly that key; finite,
+//                                     in [0, 1e30], at least one > 0 per layer
+// Errors name the file, the layer and the field.
+inline constexpr std::string_view kLatentImportanceFileFormat = "mlakv_latent_importance_v1";
+struct LatentImportanceWeights {
+  std::string estimate;                 // "fisher" or "gradient"
+  std::vector<std::vector<double>> w2;  // [num_layers][512]
+  int num_layers() const { return static_cast<int>(w2.size()); }
+};
+StatusOr<LatentImportanceWeights> parse_latent_importance_file(std::string_view json_text, std::string_view source);
+StatusOr<LatentImportanceWeights> load_latent_importance_file(const std::string& path);
 
 struct LatentTransformRecipe {
   bool center = true;   // mu = the mean latent (else 0)
@@ -107,7 +133,13 @@ struct LatentTransformRecipe {
   // seed as given, no selection. Only where something rotates (rotate or rope_rotate).
   int seed_candidates = 4;  // in [1, 64]
   KvFormat select_format = KvFormat::kNvfp4DsMla;
+  // importance kFile: the weights (one entry per model layer), else unused.
+  LatentImportanceWeights weights;
 };
+// The CLI's --importance value: a name above, or "file:PATH" (kFile, the file loaded into
+// recipe.weights). kInvalidArgument naming the option for an unknown name; the file's own
+// error (path, layer, field) for a bad file.
+Status set_latent_importance(LatentTransformRecipe& recipe, std::string_view option);
 // Base seeds of successive candidates are this far apart, so that no two candidates share a
 // layer's seed (layer l uses base + 2 l and base + 2 l + 1, l < 2^16).
 inline constexpr uint64_t kLatentSeedStride = uint64_t{1} << 20;
@@ -125,7 +157,8 @@ class LatentTransformCalibrator {
   // The transform for every layer with outer_scale 1.0 (the caller then measures max |c'|
   // and sets s_l = max / 2688). `output_energy`: per layer [512] (Model::latent_output_energy),
   // needed by kOutput / kQueryOutput, may be empty otherwise. Fails naming a layer with no
-  // latents (or no queries when the importance needs them).
+  // latents (or no queries when the importance needs them), or kFile weights that do not hold
+  // exactly num_layers() layers of 512 dims.
   StatusOr<LatentTransform> finish(const LatentTransformRecipe& recipe,
                                    std::span<const std::vector<double>> output_energy = {}) const;
 

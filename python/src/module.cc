@@ -814,12 +814,16 @@ class PyModel {
       if (s.empty()) throw nb::value_error("scales: give a scale file path or 'auto' (not an empty string)");
     }
     req.recipe = recipe;
-    const auto imp = parse_latent_importance(importance);
-    if (!imp) {
-      throw nb::value_error(("importance: unknown estimate '" + importance +
-                             "' (none, uniform, query, output, query+output)").c_str());
+    // A name, or "file:PATH" (an mlakv_latent_importance_v1 file), as `mlakv eval --importance`.
+    LatentTransformRecipe imp;
+    if (const Status st = set_latent_importance(imp, importance); !st.ok()) {
+      std::string m = st.message();
+      if (m.rfind("--", 0) == 0) m.erase(0, 2);  // "importance: ...", the keyword's name
+      if (st.code() == StatusCode::kInvalidArgument) throw nb::value_error(m.c_str());
+      check(st);
     }
-    req.importance = *imp;
+    req.importance = imp.importance;
+    req.importance_weights = std::move(imp.weights);
     req.seed_candidates = seed_candidates;
     req.context = context;
     req.windows = windows;

@@ -144,6 +144,25 @@ def test_eval_recipes_and_token_scale_match_the_cli(model, text, text_file):
     with pytest.raises(ValueError, match="seed_candidates"):
         model.eval(text, context=64, windows=2, formats=["nvfp4_ds_mla"], scales="auto", recipe="mlakv",
                    calib_windows=1, seed_candidates=0)
+    # importance="file:PATH" (an mlakv_latent_importance_v1 file) as `--importance file:PATH`.
+    imp = text_file.parent / "importance.json"
+    imp.write_text(json.dumps({"format": "mlakv_latent_importance_v1", "num_layers": 4, "latent_dim": 512,
+                               "estimate": "fisher", "layers": [{"w2": [1.0 + i % 5 for i in range(512)]}] * 4}))
+    py2 = model.eval(text, context=64, windows=2, formats=["nvfp4_ds_mla"], scales="auto", recipe="mlakv",
+                     calib_windows=1, seed_candidates=1, importance=f"file:{imp}")
+    out2 = cli("eval", "--model", TINY, "--text", text_file, "--context", 64, "--windows", 2, "--formats",
+               "nvfp4_ds_mla", "--scales", "auto", "--recipe", "mlakv", "--calib-windows", 1, "--seed-candidates", 1,
+               "--importance", f"file:{imp}", "--threads", 1, "--json")
+    py2["model"] = out2["model"]
+    same_report(py2, out2)
+    with pytest.raises(ValueError, match="importance: unknown estimate 'gradient'"):
+        model.eval(text, context=64, windows=2, formats=["nvfp4_ds_mla"], scales="auto", recipe="mlakv",
+                   calib_windows=1, importance="gradient")
+    imp.write_text(json.dumps({"format": "mlakv_latent_importance_v1", "num_layers": 4, "latent_dim": 512,
+                               "estimate": "fisher", "layers": [{"w2": [1.0]}] * 4}))
+    with pytest.raises(ValueError, match=r"layers\[0\]\.w2 must be a list of 512"):
+        model.eval(text, context=64, windows=2, formats=["nvfp4_ds_mla"], scales="auto", recipe="mlakv",
+                   calib_windows=1, importance=f"file:{imp}")
 
 
 @needs_cli

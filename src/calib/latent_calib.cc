@@ -298,16 +298,119 @@ std::string_view latent_importance_name(LatentImportance k) {
     case LatentImportance::kQuery: return "query";
     case LatentImportance::kOutput: return "output";
     case LatentImportance::kQueryOutput: return "query+output";
+    case LatentImportance::kFile: return "file";
   }
   return "?";
 }
 
 std::optional<LatentImportance> parse_latent_importance(std::string_view name) {
   for (LatentImportance k : {LatentImportance::kNone, LatentImportance::kUniform, LatentImportance::kQuery,
-                             LatentImportance::kOutput, LatentImportance::kQueryOutput}) {
+                             LatentImportance::kOutput, LatentImportance::kQueryOutput, LatentImportance::kFile}) {
     if (latent_importance_name(k) == name) return k;
   }
   return std::nullopt;
+}
+
+namespace {
+
+StatusOr<LatentImportanceWeights> parse_importance(std::string_view text, std::string_view source) {
+  json_util::ParseOptions po;
+  std::string dup;
+  po.duplicate_key = &dup;
+  MLAKV_ASSIGN_OR_RETURN(json j, json_util::parse(text, source, po));
+  if (!dup.empty()) return invalid_argument(fmt::format("{}: key '{}' appears twice", source, dup));
+  if (!j.is_object()) return invalid_argument(fmt::format("{}: the file must hold one JSON object", source));
+  static const char* kTop[] = {"format", "num_layers", "latent_dim", "estimate", "source", "layers"};
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    if (std::find_if(std::begin(kTop), std::end(kTop), [&](const char* k) { return it.key() == k; }) == std::end(kTop))
+      return invalid_argument(fmt::format("{}: unknown key {} (a {} file has format, num_layers, latent_dim, "
+                                          "estimate, source, layers)",
+                                          source, json_util::shown(json(it.key())), kLatentImportanceFileFormat));
+  }
+  for (const char* k : kTop) {
+    if (std::string_view(k) != "source" && !j.contains(k))
+      return invalid_argument(fmt::format("{}: required field '{}' is missing", source, k));
+  }
+  if (!j.at("format").is_string() || j.at("format").get<std::string>() != kLatentImportanceFileFormat)
+    return field_error(source, "field 'format'", fmt::format("\"{}\"", kLatentImportanceFileFormat), j.at("format"));
+  const json& nl = j.at("num_layers");
+  if (!nl.is_number_integer() || nl.get<int64_t>() < 1 || nl.get<int64_t>() > kMaxLayers)
+    return field_error(source, "field 'num_layers'", fmt::format("an integer in [1, {}]", kMaxLayers), nl);
+  const json& ld = j.at("latent_dim");
+  if (!ld.is_number_integer() || ld.get<int64_t>() != kLatentDim)
+    return field_error(source, "field 'latent_dim'", fmt::format("the integer {}", kLatentDim), ld);
+  const json& est = j.at("estimate");
+  if (!est.is_string() || (est.get<std::string>() != "fisher" && est.get<std::string>() != "gradient"))
+    return field_error(source, "field 'estimate'", "\"fisher\" or \"gradient\"", est);
+  if (j.contains("source") && !j.at("source").is_object())
+    return field_error(source, "field 'source'", "an object", j.at("source"));
+  const json& layers = j.at("layers");
+  const auto n = static_cast<std::size_t>(nl.get<int64_t>());
+  if (!layers.is_array() || layers.size() != n)
+    return field_error(source, "field 'layers'", fmt::format("a list of {} objects (num_layers)", n),
+                       layers.is_array() ? json(fmt::format("{} entries", layers.size())) : layers);
+  LatentImportanceWeights w;
+  w.estimate = est.get<std::string>();
+  for (std::size_t l = 0; l < n; ++l) {
+    const json& o = layers.at(l);
+    const std::string where = fmt::format("layers[{}]", l);
+    if (!o.is_object() || o.size() != 1 || !o.contains("w2"))
+      return field_error(source, where, "an object of exactly the key w2", o);
+    const json& a = o.at("w2");
+    if (!a.is_array() || a.size() != static_cast<std::size_t>(kLatentDim))
+      return field_error(source, where + ".w2", fmt::format("a list of {} numbers", kLatentDim), a);
+    std::vector<double> v(kLatentDim);
+    double mx = 0.0;
+    for (int i = 0; i < kLatentDim; ++i) {
+      const json& x = a.at(static_cast<std::size_t>(i));
+      const double d = x.is_number() ? x.get<double>() : -1.0;
+      if (!x.is_number() || !std::isfinite(d) || d < 0.0 || d > 1e30)
+        return field_error(source, fmt::format("{}.w2[{}]", where, i), "a finite number in [0, 1e30]", x);
+      v[static_cast<std::size_t>(i)] = d;
+      mx = std::max(mx, d);
+    }
+    if (!(mx > 0.0))
+      return invalid_argument(fmt::format("{}: {}.w2 is all zero (the layer's latent would carry no weight)", source,
+                                          where));
+    w.w2.push_back(std::move(v));
+  }
+  return w;
+}
+
+}  // namespace
+
+StatusOr<LatentImportanceWeights> parse_latent_importance_file(std::string_view json_text, std::string_view source) {
+  try {
+    return parse_importance(json_text, source);
+  } catch (const std::exception& e) {
+    return internal_error(fmt::format("{}: reading the importance file failed: {}", source, e.what()));
+  }
+}
+
+StatusOr<LatentImportanceWeights> load_latent_importance_file(const std::string& path) {
+  MLAKV_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, io::read_file(path, io::kMaxConfigBytes));
+  return parse_latent_importance_file(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()),
+                                      path);
+}
+
+Status set_latent_importance(LatentTransformRecipe& recipe, std::string_view option) {
+  constexpr std::string_view kPrefix = "file:";
+  if (option.substr(0, kPrefix.size()) == kPrefix) {
+    const std::string path(option.substr(kPrefix.size()));
+    if (path.empty()) return invalid_argument("--importance file:PATH: the path is empty");
+    MLAKV_ASSIGN_OR_RETURN(recipe.weights, load_latent_importance_file(path));
+    recipe.importance = LatentImportance::kFile;
+    return Status::Ok();
+  }
+  const auto k = parse_latent_importance(option);
+  if (!k || *k == LatentImportance::kFile) {
+    return invalid_argument(fmt::format(
+        "--importance: unknown estimate '{}' (none, uniform, query, output, query+output, or file:PATH: an {} file)",
+        option, kLatentImportanceFileFormat));
+  }
+  recipe.importance = *k;
+  recipe.weights = {};
+  return Status::Ok();
 }
 
 LatentTransformCalibrator::LatentTransformCalibrator(int num_layers) {
@@ -368,6 +471,11 @@ StatusOr<LatentTransform> LatentTransformCalibrator::finish(const LatentTransfor
   if (layers_.empty()) return invalid_argument("latent transform calibration: no layers");
   const bool need_q = r.importance == LatentImportance::kQuery || r.importance == LatentImportance::kQueryOutput;
   const bool need_e = r.importance == LatentImportance::kOutput || r.importance == LatentImportance::kQueryOutput;
+  const bool need_w = r.importance == LatentImportance::kFile;
+  if (need_w && r.weights.w2.size() != layers_.size())
+    return invalid_argument(fmt::format("latent transform calibration: the importance file holds {} layers, the model "
+                                        "{}",
+                                        r.weights.w2.size(), layers_.size()));
   if (need_e && energy.size() != layers_.size())
     return invalid_argument(fmt::format("latent transform calibration: importance '{}' needs the output energy of {} "
                                         "layers, got {}",
@@ -384,6 +492,9 @@ StatusOr<LatentTransform> LatentTransformCalibrator::finish(const LatentTransfor
       return failed_precondition(fmt::format("latent transform calibration: layer {} saw no latents", l));
     if (need_q && L.queries == 0)
       return failed_precondition(fmt::format("latent transform calibration: layer {} saw no queries", l));
+    if (need_w && r.weights.w2[l].size() != static_cast<std::size_t>(kLatentDim))
+      return invalid_argument(fmt::format("latent transform calibration: layer {}: the importance holds {} dims, not {}",
+                                          l, r.weights.w2[l].size(), kLatentDim));
     if (need_e && energy[l].size() != static_cast<std::size_t>(kLatentDim))
       return invalid_argument(fmt::format("latent transform calibration: layer {}: output energy holds {} dims, not {}",
                                           l, energy[l].size(), kLatentDim));
@@ -405,12 +516,14 @@ StatusOr<LatentTransform> LatentTransformCalibrator::finish(const LatentTransfor
     if (!(sd_max > 0.0))
       return failed_precondition(fmt::format("latent transform calibration: layer {}'s latent is constant", l));
     if (r.importance != LatentImportance::kNone) {
-      double qm = 0.0, em = 0.0;
+      double qm = 0.0, em = 0.0, wm = 0.0;
       for (int i = 0; i < kLatentDim; ++i) {
         if (need_q) qm += L.q_sum_sq[static_cast<std::size_t>(i)] / kLatentDim;
         if (need_e) em += energy[l][static_cast<std::size_t>(i)] / kLatentDim;
+        if (need_w) wm += r.weights.w2[l][static_cast<std::size_t>(i)] / kLatentDim;
       }
-      if ((need_q && !(qm > 0.0)) || (need_e && !(em > 0.0) ) || !std::isfinite(qm) || !std::isfinite(em))
+      if ((need_q && !(qm > 0.0)) || (need_e && !(em > 0.0)) || (need_w && !(wm > 0.0)) || !std::isfinite(qm) ||
+          !std::isfinite(em) || !std::isfinite(wm))
         return failed_precondition(fmt::format("latent transform calibration: layer {}: the importance is all zero", l));
       std::vector<double> d(kLatentDim);
       double log_sum = 0.0;
@@ -418,6 +531,7 @@ StatusOr<LatentTransform> LatentTransformCalibrator::finish(const LatentTransfor
         double w2 = 1.0;
         if (r.importance == LatentImportance::kQuery) w2 = L.q_sum_sq[static_cast<std::size_t>(i)] / qm;
         if (r.importance == LatentImportance::kOutput) w2 = energy[l][static_cast<std::size_t>(i)] / em;
+        if (need_w) w2 = r.weights.w2[l][static_cast<std::size_t>(i)] / wm;
         if (r.importance == LatentImportance::kQueryOutput)
           w2 = L.q_sum_sq[static_cast<std::size_t>(i)] / qm + energy[l][static_cast<std::size_t>(i)] / em;
         // Floors keep d finite for dead dims: 1e-6 of the mean importance, 1e-6 of the widest dim.

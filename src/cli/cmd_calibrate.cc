@@ -84,12 +84,7 @@ Status run_calibrate_mlakv(const CalibrateArgs& a) {
   if (a.model.empty()) return invalid_argument("--recipe mlakv needs --model DIR and calibration text");
   if (!a.activations.empty()) return invalid_argument("--recipe mlakv runs the model: give --model, not --activations");
   LatentTransformRecipe r;
-  const auto imp = parse_latent_importance(a.importance);
-  if (!imp) {
-    return invalid_argument(fmt::format(
-        "--importance: unknown estimate '{}' (none, uniform, query, output, query+output)", a.importance));
-  }
-  r.importance = *imp;
+  MLAKV_RETURN_IF_ERROR(set_latent_importance(r, a.importance));
   r.center = !a.no_center;
   r.rotate = !a.no_rotate;
   r.rope_rotate = !a.no_rope_rotate;
@@ -245,7 +240,8 @@ void add_calibrate_command(Cli& cli) {
                   "(mean, per-dim scale, signed Hadamard, s_l on the transformed latent; needs --model)")
       ->capture_default_str();
   cmd->add_option("--importance", a->importance,
-                  "mlakv recipe: the per-dim importance for d (none, uniform, query, output, query+output)")
+                  "mlakv recipe: the per-dim importance for d (none, uniform, query, output, query+output, or "
+                  "file:PATH: an mlakv_latent_importance_v1 file, e.g. from tools/latent_importance.py)")
       ->capture_default_str();
   cmd->add_flag("--no-center", a->no_center, "mlakv recipe: do not subtract the mean latent");
   cmd->add_flag("--no-rotate", a->no_rotate, "mlakv recipe: no Hadamard rotation of the latent");

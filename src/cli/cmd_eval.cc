@@ -69,18 +69,16 @@ Status run_eval(const EvalArgs& a) {
     return invalid_argument(fmt::format("--recipe must be fork, mlakv or both, got '{}'", a.recipe));
   if (a.scales.empty() && !a.recipe.empty())
     return invalid_argument("--recipe needs --scales (auto, or a calibration file)");
-  const auto importance = parse_latent_importance(a.importance);
-  if (!importance)
-    return invalid_argument(fmt::format("--importance: unknown estimate '{}' (none, uniform, query, output, "
-                                        "query+output)",
-                                        a.importance));
+  LatentTransformRecipe importance;
+  MLAKV_RETURN_IF_ERROR(set_latent_importance(importance, a.importance));
   // The whole run is one library call (eval_model: the same as mlakv.Model.eval); one
   // progress bar per stage, made when the stage reports first.
   EvalRequest req;
   req.formats = formats;
   req.scales = a.scales;
   req.recipe = a.recipe;
-  req.importance = *importance;
+  req.importance = importance.importance;
+  req.importance_weights = std::move(importance.weights);
   if (a.seed_candidates < 1 || a.seed_candidates > 64)
     return invalid_argument(fmt::format("--seed-candidates must be in [1, 64], got {}", a.seed_candidates));
   req.seed_candidates = a.seed_candidates;
@@ -281,7 +279,7 @@ void add_eval_command(Cli& cli) {
                   "with --scales auto: fork (outer scales, the default), mlakv (the latent transform) or both");
   cmd->add_option("--importance", a->importance,
                   "mlakv recipe under --scales auto: the per-dim importance (none, uniform, query, output, "
-                  "query+output)")
+                  "query+output, or file:PATH: an mlakv_latent_importance_v1 file made from other text)")
       ->capture_default_str();
   cmd->add_option("--seed-candidates", a->seed_candidates,
                   "mlakv recipe under --scales auto: sign seeds tried on the calibration windows, the lowest-KLD one "

@@ -89,6 +89,7 @@ StatusOr<EvalReport> eval_model(Model& model, const Tokenizer* tokenizer, std::s
       if (want_mlakv) {
         LatentTransformRecipe r;
         r.importance = req.importance;
+        r.weights = req.importance_weights;
         r.seed_candidates = req.seed_candidates;
         auto c = calibrate_latent_transform(
             model, tokens, req.context, req.calib_windows, skip, r,
