@@ -385,6 +385,24 @@ __device__ __forceinline__ void produce(const AttentionParams& p, int b, int i_f
 #endif
 }
 
+// A CTA's start, before any role runs: the ring's mbarriers (full: the producer warp's 32
+// lanes arrive; empty: every consumer warp releases) and the rows' visible lengths.
+template <int S, int kR>
+__device__ __forceinline__ void init_ring(const AttentionParams& p, const CtaWork& cw, uint64_t* full, uint64_t* empty,
+                                          int consumer_warps, int32_t* row_vis, int tid) {
+#if MLAKV_SM90_DEVICE
+  if (tid == 0) {
+    for (int s = 0; s < S; ++s) {
+      ptx::mbar_init(mlakv::cuda::ptx::smem_addr(&full[s]), 32);
+      ptx::mbar_init(mlakv::cuda::ptx::smem_addr(&empty[s]), consumer_warps);
+    }
+    ptx::mbar_init_fence();
+  }
+  if (tid < kR) row_vis[tid] = cw.visible(p, tid);
+  __syncthreads();
+#endif
+}
+
 template <KvFormat F>
 __global__ void __launch_bounds__(kThreads, 2) attention_sm90_kernel(const __grid_constant__ AttentionParams p) {
 #if MLAKV_SM90_DEVICE
@@ -411,15 +429,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_sm90_kernel(const __gri
   auto row_query = [&](int r) { return cw.query(p, r); };
   auto row_head = [&](int r) { return cw.head(p, r); };
 
-  if (tid == 0) {
-    for (int s = 0; s < S; ++s) {
-      ptx::mbar_init(mlakv::cuda::ptx::smem_addr(&full[s]), 32);
-      ptx::mbar_init(mlakv::cuda::ptx::smem_addr(&empty[s]), kConsumerWarps);
-    }
-    ptx::mbar_init_fence();
-  }
-  if (tid < kRows) row_vis[tid] = cw.visible(p, tid);
-  __syncthreads();
+  init_ring<S, kRows>(p, cw, full, empty, kConsumerWarps, row_vis, tid);
 
   if (warp == kConsumerWarps) {
     produce<F, S, kS>(p, b, i_fixed, begin, end, n_tiles, ring, full, empty, vmask, lane);
@@ -1021,15 +1031,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_wg_kernel(const __grid_
   auto row_query = [&](int r) { return cw.query(p, r); };
   auto row_head = [&](int r) { return cw.head(p, r); };
 
-  if (tid == 0) {
-    for (int s = 0; s < S; ++s) {
-      ptx::mbar_init(mlakv::cuda::ptx::smem_addr(&full[s]), 32);
-      ptx::mbar_init(mlakv::cuda::ptx::smem_addr(&empty[s]), kConsumerWarps);
-    }
-    ptx::mbar_init_fence();
-  }
-  if (tid < kRows) row_vis[tid] = cw.visible(p, tid);
-  __syncthreads();
+  init_ring<S, kRows>(p, cw, full, empty, kConsumerWarps, row_vis, tid);
 
   if (warp == kConsumerWarps) {
     produce<F, S, kRec>(p, b, i_fixed, begin, end, 2 * n_tiles, ring, full, empty, vmask, lane);
@@ -1559,15 +1561,7 @@ __global__ void __launch_bounds__(kWg2Threads, 2) attention_wg2_kernel(const __g
   auto row_query = [&](int r) { return cw.query(p, r); };
   auto row_head = [&](int r) { return cw.head(p, r); };
 
-  if (tid == 0) {
-    for (int s = 0; s < S; ++s) {
-      ptx::mbar_init(mlakv::cuda::ptx::smem_addr(&full[s]), 32);
-      ptx::mbar_init(mlakv::cuda::ptx::smem_addr(&empty[s]), 2 * kConsumerWarps);
-    }
-    ptx::mbar_init_fence();
-  }
-  if (tid < kRows) row_vis[tid] = cw.visible(p, tid);
-  __syncthreads();
+  init_ring<S, kRows>(p, cw, full, empty, 2 * kConsumerWarps, row_vis, tid);
 
   if (warp == 2 * kConsumerWarps) {
     produce<F, S, kRec>(p, b, i_fixed, begin, end, 2 * n_tiles, ring, full, empty, vmask, lane);

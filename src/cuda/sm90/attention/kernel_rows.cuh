@@ -128,15 +128,7 @@ __global__ void __launch_bounds__(kRowsThreads, 1) attention_rows_kernel(const _
   auto row_query = [&](int r) { return cw.query(p, r); };
   auto row_head = [&](int r) { return cw.head(p, r); };
 
-  if (tid == 0) {
-    for (int s = 0; s < S; ++s) {
-      ptx::mbar_init(mlakv::cuda::ptx::smem_addr(&full[s]), 32);
-      ptx::mbar_init(mlakv::cuda::ptx::smem_addr(&empty[s]), kRowsConsumerWarps);
-    }
-    ptx::mbar_init_fence();
-  }
-  if (tid < kRR) row_vis[tid] = cw.visible(p, tid);
-  __syncthreads();
+  init_ring<S, kRR>(p, cw, full, empty, kRowsConsumerWarps, row_vis, tid);
 
   if (warp >= kRowsConsumerWarps) {
     ptx::setmaxnreg_dec<kRowsProducerRegs>();
