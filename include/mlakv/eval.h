@@ -48,7 +48,7 @@ struct EvalCacheSpec {
   // The mlakv recipe: a latent transform folded for the model under evaluation
   // (Model::fold_latent_transform); its s_l replace `scales` where the format has an outer
   // scale. nullptr: no transform.
-  std::shared_ptr<const FoldedLatentTransform> transform;
+  std::shared_ptr<const FoldedLatentTransform> transform{};
   // The recipe for the report: "none" (uncalibrated), "fork" (outer scales), "mlakv".
   std::string recipe = "none";
   // The nvfp4 per-token scale mode (LayerFormat::token_scale) on every layer; needs empty
@@ -60,12 +60,12 @@ struct EvalOptions {
   int64_t context = 2048;
   int64_t windows = 32;
   int block_size = kDefaultBlockSize;
-  ProgressFn progress;
+  ProgressFn progress{};
 };
 
 struct EvalRow {
   EvalCacheSpec spec;
-  KldStats kld;            // per position vs the reference; its ppl_q() is this cache's perplexity
+  KldStats kld{};           // per position vs the reference; its ppl_q() is this cache's perplexity
   double seconds = 0;      // forward time over all windows
   int64_t tokens = 0;      // tokens run
   int needle_found = 0;
