@@ -257,8 +257,8 @@ StatusOr<LatentTransform> parse_latent_transform(std::string_view json_text, std
 }
 
 StatusOr<LatentTransform> load_latent_transform(const std::string& path) {
-  MLAKV_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, io::read_file(path, io::kMaxConfigBytes));
-  return parse_latent_transform(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), path);
+  MLAKV_ASSIGN_OR_RETURN(std::string text, io::read_text_file(path, io::kMaxConfigBytes));
+  return parse_latent_transform(text, path);
 }
 
 StatusOr<ScaleFile> parse_scale_file(std::string_view json_text, std::string_view source) {
@@ -285,8 +285,8 @@ StatusOr<ScaleFile> parse_scale_file(std::string_view json_text, std::string_vie
 }
 
 StatusOr<ScaleFile> load_scale_file(const std::string& path) {
-  MLAKV_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, io::read_file(path, io::kMaxConfigBytes));
-  return parse_scale_file(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), path);
+  MLAKV_ASSIGN_OR_RETURN(std::string text, io::read_text_file(path, io::kMaxConfigBytes));
+  return parse_scale_file(text, path);
 }
 
 // ---- calibration ---------------------------------------------------------------------
@@ -388,9 +388,8 @@ StatusOr<LatentImportanceWeights> parse_latent_importance_file(std::string_view 
 }
 
 StatusOr<LatentImportanceWeights> load_latent_importance_file(const std::string& path) {
-  MLAKV_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, io::read_file(path, io::kMaxConfigBytes));
-  return parse_latent_importance_file(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()),
-                                      path);
+  MLAKV_ASSIGN_OR_RETURN(std::string text, io::read_text_file(path, io::kMaxConfigBytes));
+  return parse_latent_importance_file(text, path);
 }
 
 Status set_latent_importance(LatentTransformRecipe& recipe, std::string_view option) {
