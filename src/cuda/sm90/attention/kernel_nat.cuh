@@ -18,7 +18,7 @@
 //               left in shared memory, then publishes the new maxima, the rescale
 //               factors alpha and P (bf16, written over the tile's rope block, which S
 //               no longer needs) and zeroes the V rows of masked tokens (NaN-poisoned
-//               slots may sit there: 0 * NaN would reach O); named barrier hand-off;
+//               slots may sit there: 0 * NaN would reach O); mbarrier hand-off;
 //               O_own += P V (4 RS wgmma m64n256k16, P from the S registers);
 //      other    waits for the hand-off, rescales its O by alpha, O += P V (the same 4
 //               RS wgmma m64n256k16, P loaded by ldmatrix from the rope block), then
@@ -67,14 +67,19 @@ constexpr int kStages = 2;
 constexpr int kConsumerWarps = 8;
 constexpr int kThreads = 32 * kConsumerWarps + 128;  // + the producer warpgroup
 constexpr int kConsumerRegs = 240, kProducerRegs = 24;
-// misc: full[2], empty[2] (8 B each), vmask[2] (8 B), m[64], alpha[2][64], l[2][64], vis[64]
-constexpr int kMiscBytes = 6 * 8 + 4 * kRows * 6;
+// misc: full[2], empty[2], hand[2], fin (8 B each), vmask[2] (8 B), m[64], alpha[2][64], l[2][64], vis[64]
+constexpr int kMiscBytes = 9 * 8 + 4 * kRows * 6;
 constexpr int kSmemBytes = 1024 + kQBytes + kStages * kStageBytes + kMiscBytes;  // + 1 KB for the 1024-B alignment
 static_assert(kSmemBytes <= 227 * 1024, "one CTA per SM");
 constexpr float kLn2 = 0.6931471805599453f;
-// Named barriers (0 is __syncthreads): 1 + k = hand-off of warpgroup k's tile (k arrives,
-// the other syncs; 256 threads), 3 + k = warpgroup k alone (128), 5 = both consumer warpgroups.
-constexpr int kBarReady = 1, kBarWg = 3, kBarAll = 5;
+// Named barriers (0 is __syncthreads): 3 + k = warpgroup k alone (128), 5 = both consumer
+// warpgroups (after Q). Data passes between the warpgroups through mbarriers (release
+// arrive, acquire wait): hand[k], warpgroup k's tile handed off (its 128 threads arrive, the
+// other warpgroup waits on the phase), and fin, both warpgroups' row sums written (256
+// arrive, everyone waits). Named barriers order the same accesses in PTX, but
+// compute-sanitizer's racecheck reported hazards across them here (an arrive/sync hand-off,
+// and the finalize's 256-thread bar.sync; docs/perf.md, fourth and fifth sessions).
+constexpr int kBarWg = 3, kBarAll = 5;
 
 // Byte offset of (row r, element k) inside a 64-row x 64-element block of the 128-byte
 // swizzled layout (what TMA writes with CU_TENSOR_MAP_SWIZZLE_128B into a 1024-B aligned
@@ -108,7 +113,9 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
   uint8_t* misc = ring + kStages * kStageBytes;
   uint64_t* full = reinterpret_cast<uint64_t*>(misc);
   uint64_t* empty = full + kStages;
-  uint64_t* vmask = empty + kStages;
+  uint64_t* hand = empty + kStages;  // hand[k]: warpgroup k's tile is handed off
+  uint64_t* fin = hand + 2;         // both warpgroups' row sums are in l_sh
+  uint64_t* vmask = fin + 1;
   float* m_sh = reinterpret_cast<float*>(vmask + kStages);  // running row maxima (log2 domain)
   float* alpha_sh = m_sh + kRows;                           // [tile parity][row]
   float* l_sh = alpha_sh + 2 * kRows;                       // [warpgroup][row]
@@ -126,6 +133,8 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
       ptx::mbar_init(gp::smem_addr(&full[s]), 1);
       ptx::mbar_init(gp::smem_addr(&empty[s]), kConsumerWarps);
     }
+    for (int k = 0; k < 2; ++k) ptx::mbar_init(gp::smem_addr(&hand[k]), 128);
+    ptx::mbar_init(gp::smem_addr(fin), 256);
     ptx::mbar_init_fence();
   }
   if (tid < kRows) {
@@ -326,11 +335,11 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
           ptx::fence_proxy_async();
           ptx::named_barrier(kBarWg + wg, 128);
         }
-        ptx::named_barrier_arrive(kBarReady + wg, 256);
+        ptx::mbar_arrive(gp::smem_addr(&hand[wg]));  // hand-off number t / 2 of this warpgroup
         a[0] = alpha[0], a[1] = alpha[1];
       } else {
         // ---- other: the owner's hand-off, P from shared memory ----
-        ptx::named_barrier(kBarReady + (1 - wg), 256);
+        ptx::mbar_wait(gp::smem_addr(&hand[1 - wg]), (t >> 1) & 1);
         ptx::mbar_wait(gp::smem_addr(&full[st]), (t / kStages) & 1);  // the tile's bytes (complete: its owner waited)
         a[0] = alpha_sh[(t & 1) * kRows + r0], a[1] = alpha_sh[(t & 1) * kRows + r0 + 8];
 #pragma unroll
@@ -370,7 +379,8 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
     v += __shfl_xor_sync(0xFFFFFFFFu, v, 2);
     if (c == 0) l_sh[wg * kRows + r0 + 8 * h] = v;
   }
-  ptx::named_barrier(kBarAll, 256);
+  ptx::mbar_arrive(gp::smem_addr(fin));
+  ptx::mbar_wait(gp::smem_addr(fin), 0);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = r0 + 8 * h;

@@ -44,12 +44,6 @@ __device__ __forceinline__ void prefetch_tensormap(const void* tmap) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(tmap)) : "memory");
 }
 
-// Signals barrier `id` (counted over `threads`) without waiting: the producer side of a
-// named-barrier hand-off whose consumer side is named_barrier (bar.sync).
-__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-
 // Matrix descriptor of a 128-byte swizzled canonical layout (bits 62-63 = 1): rows of 128
 // B, 8-row groups 1024 B apart (sbo), atoms 1024-byte aligned (base offset 0). K-major
 // (Q, K, P): lbo unused (1); a k16 step advances the start address by 32 B inside the
