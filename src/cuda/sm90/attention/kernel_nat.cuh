@@ -2,37 +2,34 @@
 // docs/design.md "Hopper kernels, natural arrangement"): the query rows are the wgmma M
 // dimension, the KV tile is read by the tensor cores straight from shared memory, both
 // as K^T (S = Q K^T) and as V (O = P V), so no operand of the large product passes
-// through registers and no partial score crosses warpgroups.
+// through registers.
 //
 // One CTA = 64 query rows x one KV split of one request (rows i * H + h), 384 threads:
 //  - warp 8, the producer (warps 9..11 exit at once; setmaxnreg gives their registers to
-//    the consumers): walks the block table one 64-token tile at a time and loads each
-//    tile with 2-D TMA boxes (the cache viewed as [num_slots, 576] bf16, 128-byte swizzle,
-//    box 64 dims x min(block_size, 64) rows; 9 column blocks of 8 KB per tile) into a
-//    ring of two stages, publishing the tile's 64-bit validity mask (token in a valid
-//    page and before the split's end); boxes of invalid pages are not loaded;
-//  - warpgroups 0 and 1, the consumers. Tile t belongs to warpgroup t % 2 (its owner):
-//      owner    S = Q K^T (64 rows x 64 tokens, 36 SS wgmma m64n64k16: Q and K both
-//               K-major in the swizzled layout, Q resident in shared memory), masking,
-//               the online softmax against the running row maxima the other warpgroup
-//               left in shared memory, then publishes the new maxima, the rescale
-//               factors alpha and P (bf16, written over the tile's rope block, which S
-//               no longer needs) and zeroes the V rows of masked tokens (NaN-poisoned
-//               slots may sit there: 0 * NaN would reach O); mbarrier hand-off;
-//               O_own += P V (4 RS wgmma m64n256k16, P from the S registers);
-//      other    waits for the hand-off, rescales its O by alpha, O += P V (the same 4
-//               RS wgmma m64n256k16, P loaded by ldmatrix from the rope block), then
-//               issues S of its next tile.
-//    Each warpgroup keeps O for its half of the 512 output dims (warpgroup k: dims
-//    256 k .. 256 k + 255, 128 fp32 registers), for all 64 rows; V is read MN-major
-//    (transpose bit) from the same swizzled tile: dims in 64-wide blocks 8 KB apart
-//    (lbo), tokens in 8-row groups 1 KB apart (sbo).
+//    the consumers): walks the block table (one lookup per lane for the boxes of the next
+//    32 / boxes-per-tile tiles) and loads each 32-token tile with 2-D TMA boxes (the cache
+//    viewed as [num_slots, 576] bf16, 128-byte swizzle, box 64 dims x min(block_size, 32)
+//    rows; 9 column blocks of 4 KB per tile) into a ring of three stages, publishing the
+//    tile's 32-bit validity mask (token in a valid page and before the split's end);
+//    boxes of invalid pages are not loaded;
+//  - warpgroups 0 and 1, the consumers, run the same program on every tile (no roles):
+//    warpgroup k computes the partial scores of the tile over its half of the 576 dims
+//    (k-steps 18 k .. 18 k + 17: 18 SS wgmma m64n32k16, Q and K both K-major in the
+//    swizzled layout, Q resident in shared memory); the two halves are exchanged through
+//    shared memory (an mbarrier per tile parity) and summed in the same order by both,
+//    so both hold the same full scores and run the same online softmax on them: no
+//    maximum, rescale factor or P crosses the warpgroups. Warpgroup k then zeroes the V
+//    rows of masked tokens in its own column blocks (NaN-poisoned slots may sit there:
+//    0 * NaN would reach O) and computes O_k += P V over its 256 output dims (2 RS wgmma
+//    m64n256k16, P from the score registers; V read MN-major from the same tile).
+//    The scores of tile t + 1 are issued before the exchange and softmax of tile t, so the
+//    tensor cores run them meanwhile (two score register sets; the loop runs in pairs).
+//    Each warpgroup keeps O for its 256 dims (128 fp32 registers), for all 64 rows.
 // Softmax rows live in the wgmma accumulator fragment (each row in the four threads of a
-// quad), so the row max / sum are two shuffles; the running max passes between the
-// warpgroups with the hand-off (the owner of tile t reads the maxima after tile t - 1).
-// Stage t % 2 goes back to the producer when both warpgroups' P V of tile t completed
-// (each warpgroup's part at its next step, before it waits for a hand-off).
-// Shared memory: Q 72 KB + 2 stages x 72 KB + 1.4 KB (one CTA per SM).
+// quad), so the row max / sum are two shuffles. Stage t % 3 goes back to the producer once
+// both warpgroups' P V of tile t completed (at their next tile's wait).
+// Shared memory: Q 72 KB + 3 stages x 36 KB + the score exchange 32 KB + barriers (one CTA
+// per SM).
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (the type only: the map is made through the runtime's driver entry point)
@@ -57,33 +54,37 @@ namespace nat {
 
 using kernels::AttentionParams;
 
-constexpr int kRows = kNatRowsPerCta;      // 64 query rows per CTA
-constexpr int kTile = kNatTokenTile;       // 64 tokens per tile
-constexpr int kBlocks = kQkDim / 64;       // 9 column blocks of 64 dims (128 B) per row
-constexpr int kBlockBytes = kTile * 128;   // 8 KB: one column block of 64 rows
-constexpr int kStageBytes = kBlocks * kBlockBytes;  // 72 KB
-constexpr int kQBytes = kBlocks * kRows * 128;      // 72 KB
-constexpr int kStages = 2;
+constexpr int kRows = kNatRowsPerCta;          // 64 query rows per CTA
+constexpr int kTile = kNatTokenTile;           // 32 tokens per tile
+constexpr int kBlocks = kQkDim / 64;           // 9 column blocks of 64 dims (128 B) per row
+constexpr int kBlockBytes = kTile * 128;       // 4 KB: one column block of a tile
+constexpr int kStageBytes = kBlocks * kBlockBytes;  // 36 KB
+constexpr int kQBlockBytes = kRows * 128;      // 8 KB: one column block of Q
+constexpr int kQBytes = kBlocks * kQBlockBytes;     // 72 KB
+constexpr int kStages = 3;
+constexpr int kKSteps = kQkDim / 16 / 2;       // 18 k-steps of the scores per warpgroup
 constexpr int kConsumerWarps = 8;
 constexpr int kThreads = 32 * kConsumerWarps + 128;  // + the producer warpgroup
 constexpr int kConsumerRegs = 240, kProducerRegs = 24;
-// misc: full[2], empty[2], hand[2], fin (8 B each), vmask[2] (8 B), m[64], alpha[2][64], l[2][64], vis[64]
-constexpr int kMiscBytes = 9 * 8 + 4 * kRows * 6;
-constexpr int kSmemBytes = 1024 + kQBytes + kStages * kStageBytes + kMiscBytes;  // + 1 KB for the 1024-B alignment
+// The score exchange: [tile parity][warpgroup][warp][float4 i][lane] (16 fp32 per thread).
+constexpr int kXWarpBytes = 4 * 32 * 16;                // 2 KB
+constexpr int kXBytes = 2 * 2 * 4 * kXWarpBytes;        // 32 KB
+// misc: full[3], empty[3], xbar[2] (8 B each), vmask[3] (4 B each)
+constexpr int kMiscBytes = 8 * 8 + 4 * kStages;
+constexpr int kSmemBytes = 1024 + kQBytes + kStages * kStageBytes + kXBytes + kMiscBytes;  // + 1 KB for the 1024-B alignment
 static_assert(kSmemBytes <= 227 * 1024, "one CTA per SM");
+static_assert(kTile == 32, "the validity mask and the exchange layout assume 32-token tiles");
 constexpr float kLn2 = 0.6931471805599453f;
 // Named barriers (0 is __syncthreads): 3 + k = warpgroup k alone (128), 5 = both consumer
-// warpgroups (after Q). Data passes between the warpgroups through mbarriers (release
-// arrive, acquire wait): hand[k], warpgroup k's tile handed off (its 128 threads arrive, the
-// other warpgroup waits on the phase), and fin, both warpgroups' row sums written (256
-// arrive, everyone waits). Named barriers order the same accesses in PTX, but
-// compute-sanitizer's racecheck reported hazards across them here (an arrive/sync hand-off,
-// and the finalize's 256-thread bar.sync; docs/perf.md, fourth and fifth sessions).
+// warpgroups (after Q). The score exchange goes through mbarriers (release arrive by all
+// 256 consumer threads, acquire wait): compute-sanitizer's racecheck reported hazards across
+// named-barrier hand-offs in the earlier form of this kernel (docs/perf.md, fourth and
+// fifth sessions), none across mbarriers.
 constexpr int kBarWg = 3, kBarAll = 5;
 
-// Byte offset of (row r, element k) inside a 64-row x 64-element block of the 128-byte
-// swizzled layout (what TMA writes with CU_TENSOR_MAP_SWIZZLE_128B into a 1024-B aligned
-// block): 16-byte chunk k / 8 of row r moves to chunk (k / 8) ^ (r % 8).
+// Byte offset of (row r, element k) inside a block of 64-element (128-byte) rows of the
+// 128-byte swizzled layout (what TMA writes with CU_TENSOR_MAP_SWIZZLE_128B into a 1024-B
+// aligned block): 16-byte chunk k / 8 of row r moves to chunk (k / 8) ^ (r % 8).
 __device__ __forceinline__ uint32_t sw128(int r, int k) {
   return static_cast<uint32_t>(r * 128 + ((((k >> 3) ^ r) & 7) << 4) + ((k & 7) << 1));
 }
@@ -110,16 +111,12 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
   uint8_t* smem = smem_raw + ((1024 - (gp::smem_addr(smem_raw) & 1023)) & 1023);
   uint8_t* qs = smem;
   uint8_t* ring = qs + kQBytes;
-  uint8_t* misc = ring + kStages * kStageBytes;
+  uint8_t* xs = ring + kStages * kStageBytes;
+  uint8_t* misc = xs + kXBytes;
   uint64_t* full = reinterpret_cast<uint64_t*>(misc);
   uint64_t* empty = full + kStages;
-  uint64_t* hand = empty + kStages;  // hand[k]: warpgroup k's tile is handed off
-  uint64_t* fin = hand + 2;         // both warpgroups' row sums are in l_sh
-  uint64_t* vmask = fin + 1;
-  float* m_sh = reinterpret_cast<float*>(vmask + kStages);  // running row maxima (log2 domain)
-  float* alpha_sh = m_sh + kRows;                           // [tile parity][row]
-  float* l_sh = alpha_sh + 2 * kRows;                       // [warpgroup][row]
-  int32_t* row_vis = reinterpret_cast<int32_t*>(l_sh + 2 * kRows);
+  uint64_t* xbar = empty + kStages;  // xbar[t % 2]: both warpgroups' partial scores of tile t are in xs
+  uint32_t* vmask = reinterpret_cast<uint32_t*>(xbar + 2);
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int split = blockIdx.z;
@@ -133,13 +130,8 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
       ptx::mbar_init(gp::smem_addr(&full[s]), 1);
       ptx::mbar_init(gp::smem_addr(&empty[s]), kConsumerWarps);
     }
-    for (int k = 0; k < 2; ++k) ptx::mbar_init(gp::smem_addr(&hand[k]), 128);
-    ptx::mbar_init(gp::smem_addr(fin), 256);
+    for (int k = 0; k < 2; ++k) ptx::mbar_init(gp::smem_addr(&xbar[k]), 32 * kConsumerWarps);
     ptx::mbar_init_fence();
-  }
-  if (tid < kRows) {
-    row_vis[tid] = cw.visible(p, tid);
-    m_sh[tid] = -INFINITY;
   }
   __syncthreads();
 
@@ -147,25 +139,32 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
     ptx::setmaxnreg_dec<kProducerRegs>();
     if (warp != kConsumerWarps) return;
     // ---- producer: one lane per box of the tile ----
-    const int br = p.block_size < kTile ? p.block_size : kTile;  // box rows (launch_nat.h: 8, 16, 32 or k * 64)
-    const int n_box = kTile / br;
+    const int br = p.block_size < kTile ? p.block_size : kTile;  // box rows (launch_nat.h: 8, 16 or 32)
+    const int n_box = kTile / br;                                // boxes per tile: 1, 2 or 4
+    const int tiles_per_lookup = 32 / n_box;                     // tiles whose boxes one lookup round covers
     if (lane == 0) ptx::prefetch_tensormap(&tmap);
+    int64_t looked_up = -1;  // this lane's box of the current lookup round
     for (int t = 0; t < n_tiles; ++t) {
       const int st = t % kStages;
       const int64_t pos0 = begin + static_cast<int64_t>(t) * kTile;
-      const int64_t pos = pos0 + lane * br;
-      const int64_t row = lane < n_box && pos < end ? box_row(p, b, pos) : -1;
+      const int tr = t % tiles_per_lookup;
+      if (tr == 0) {
+        const int64_t pos = pos0 + static_cast<int64_t>(lane) * br;
+        looked_up = pos < end ? box_row(p, b, pos) : -1;
+      }
+      const int64_t got = __shfl_sync(0xFFFFFFFFu, looked_up, tr * n_box + (lane < n_box ? lane : 0));
+      const int64_t row = lane < n_box ? got : -1;
       const uint32_t valid = __ballot_sync(0xFFFFFFFFu, row >= 0);
       if (t >= kStages) ptx::mbar_wait(gp::smem_addr(&empty[st]), ((t / kStages) - 1) & 1);
       const uint32_t bar = gp::smem_addr(&full[st]);
       if (lane == 0) {
-        const uint64_t box_bits = br == 64 ? ~0ull : ((1ull << br) - 1);
-        uint64_t mask = 0;
+        const uint32_t box_bits = br == 32 ? ~0u : ((1u << br) - 1);
+        uint32_t mask = 0;
         for (int k = 0; k < n_box; ++k) {
           if ((valid >> k) & 1u) mask |= box_bits << (k * br);
         }
         const int64_t left = end - pos0;
-        if (left < kTile) mask &= (1ull << left) - 1;
+        if (left < kTile) mask &= (1u << left) - 1;
         vmask[st] = mask;
         ptx::mbar_arrive_expect_tx(bar, static_cast<uint32_t>(__popc(valid)) * kBlocks * br * 128);
       }
@@ -180,7 +179,9 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
   }
   ptx::setmaxnreg_inc<kConsumerRegs>();
 
-  const int wg = warp >> 2, w = warp & 3, ctid = tid & 255, g = lane >> 2, c = lane & 3;
+  // wg through a shuffle from lane 0: ptxas then knows it is warp-uniform and keeps the
+  // descriptors built from it in uniform registers (no per-wgmma R2UR).
+  const int wg = __shfl_sync(0xFFFFFFFFu, warp >> 2, 0), w = warp & 3, ctid = tid & 255, g = lane >> 2, c = lane & 3;
   // ---- Q of the 64 rows, bf16, swizzled K-major: thread (row ctid / 4) writes chunks ctid % 4 + 4 k ----
   {
     const int r = ctid >> 2, sub = ctid & 3;
@@ -203,7 +204,7 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
         }
         if (!ok) v[x] = 0;
       }
-      *reinterpret_cast<uint4*>(qs + (ch >> 3) * kBlockBytes + sw128(r, 8 * (ch & 7))) = make_uint4(v[0], v[1], v[2], v[3]);
+      *reinterpret_cast<uint4*>(qs + (ch >> 3) * kQBlockBytes + sw128(r, 8 * (ch & 7))) = make_uint4(v[0], v[1], v[2], v[3]);
     }
     ptx::fence_proxy_async();
   }
@@ -214,27 +215,107 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
 #pragma unroll
   for (int i = 0; i < 128; ++i) o[i] = 0.0f;
   ptx::wg_hold128(o);  // opaque zeros: constant-folded ones make ptxas serialize the P V wgmma (C7515)
-  float s[32];
-  float l_run[2] = {0.0f, 0.0f};
-  const int r0 = 16 * w + g;  // this thread's rows: r0, r0 + 8
+  float s[16];
+  uint32_t pa_even[2][4], pa_odd[2][4];  // P of even / odd tiles (A fragments of the two k-steps)
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+  float alpha[2] = {1.0f, 1.0f};  // the rescale factors of the tile whose P V goes out next
+  const int r0 = 16 * w + g;      // this thread's rows: r0, r0 + 8
+  const int32_t vis0 = cw.visible(p, r0), vis1 = cw.visible(p, r0 + 8);
 
-  // S of tile t (its owner): 36 k-steps, block ks / 4, 32 B per step inside the block.
-  auto issue_scores = [&](int t) {
+  // This warpgroup's partial scores of tile t: in every 64-dim block the k-steps 2 wg and
+  // 2 wg + 1 (32 B each inside the 128-byte rows), so that a step's offset from the
+  // warpgroup's base descriptor is a constant (step i: block i / 2, 32 B x (i % 2)).
+  const uint64_t dq0 = ptx::desc_sw128(q_addr + 64 * wg, 16, 1024);
+  auto issue_scores = [&](int t) __attribute__((always_inline)) {
     const int st = t % kStages;
     ptx::mbar_wait(gp::smem_addr(&full[st]), (t / kStages) & 1);
-    const uint32_t k_addr = ring_addr + st * kStageBytes;
+    const uint64_t dk0 = ptx::desc_sw128(ring_addr + st * kStageBytes + 64 * wg, 16, 1024);
     ptx::wg_fence();
 #pragma unroll
-    for (int ks = 0; ks < 4 * kBlocks; ++ks) {
-      const uint32_t off = (ks >> 2) * kBlockBytes + (ks & 3) * 32;
-      ptx::wgmma_n64_bf16_ss(s, ptx::desc_sw128(q_addr + off, 16, 1024), ptx::desc_sw128(k_addr + off, 16, 1024), ks > 0);
+    for (int i = 0; i < kKSteps; ++i) {
+      // Descriptor + (byte offset >> 4): the start-address field (addr >> 4, 14 bits) never carries.
+      const uint32_t qo = ((i >> 1) * kQBlockBytes + (i & 1) * 32) >> 4, ko = ((i >> 1) * kBlockBytes + (i & 1) * 32) >> 4;
+      ptx::wgmma_n32_bf16_ss(s, dq0 + qo, dk0 + ko, i > 0);
     }
     ptx::wg_commit();
   };
-  // The stage of tile t goes back once this warpgroup's P V of it completed.
-  auto release = [&](int t) {
-    __syncwarp();
-    if (lane == 0) ptx::mbar_arrive(gp::smem_addr(&empty[t % kStages]));
+  // The scores of tile t (completed) -> both halves summed, the online softmax (the same in
+  // both warpgroups), P into `pa`, alpha for the rescale before its P V, the V rows of
+  // masked tokens zeroed in this warpgroup's blocks.
+  auto softmax = [&](int t, uint32_t(&pa)[2][4]) __attribute__((always_inline)) {
+    const int st = t % kStages;
+    uint8_t* stage = ring + st * kStageBytes;
+    // The exchange: my half of the scores out, the other half in, summed into x (the
+    // score registers are written by the wgmma only, C7515).
+    float x[16];
+    {
+      uint8_t* xt = xs + (t & 1) * (2 * 4 * kXWarpBytes);
+      float4* mine = reinterpret_cast<float4*>(xt + (wg * 4 + w) * kXWarpBytes) + lane;
+      const float4* other = reinterpret_cast<const float4*>(xt + ((1 - wg) * 4 + w) * kXWarpBytes) + lane;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) mine[32 * i] = make_float4(s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]);
+      ptx::mbar_arrive(gp::smem_addr(&xbar[t & 1]));
+      ptx::mbar_wait(gp::smem_addr(&xbar[t & 1]), (t >> 1) & 1);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        // One rounded fp32 add of the same two halves (commutative): both warpgroups get the same sums.
+        const float4 v = other[32 * i];
+        x[4 * i] = s[4 * i] + v.x, x[4 * i + 1] = s[4 * i + 1] + v.y;
+        x[4 * i + 2] = s[4 * i + 2] + v.z, x[4 * i + 3] = s[4 * i + 3] + v.w;
+      }
+    }
+    const uint32_t mask = vmask[st];
+    const int64_t pos0 = begin + static_cast<int64_t>(t) * kTile;
+    // Masked scores -> -inf (token outside the split or in an invalid page, or past the
+    // row's causal limit); a tile every row sees whole (all but the last ones) skips the test.
+    const bool whole = mask == ~0u && vis0 - pos0 >= kTile && vis1 - pos0 >= kTile;
+    if (!__all_sync(0xFFFFFFFFu, whole)) {
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        const int k = 8 * (i >> 2) + 2 * c + (i & 1);
+        const bool ok = ((mask >> k) & 1u) && k < (((i >> 1) & 1) ? vis1 : vis0) - pos0;
+        x[i] = ok ? x[i] : -INFINITY;
+      }
+    }
+    // The row maxima in the log2 domain (scale_log2 > 0 keeps the order), then
+    // p = exp2(x scale_log2 - m) in one FFMA per score.
+    float neg_m[2], sum[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float v = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) v = fmaxf(v, fmaxf(x[4 * j + 2 * h], x[4 * j + 2 * h + 1]));
+      v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 1));
+      v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 2));
+      const float m_new = fmaxf(m_run[h], v * p.scale_log2);
+      alpha[h] = m_run[h] == -INFINITY ? 0.0f : exp2f(m_run[h] - m_new);
+      m_run[h] = m_new;
+      neg_m[h] = m_new == -INFINITY ? 0.0f : -m_new;  // a row that saw nothing yet: every x is -inf, p = 0
+    }
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      const int h = (i >> 1) & 1;
+      const float e = exp2f(fmaf(x[i], p.scale_log2, neg_m[h]));
+      sum[h] += e;
+      x[i] = e;
+    }
+#pragma unroll
+    for (int kk = 0; kk < 2; ++kk) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) pa[kk][q] = gp::pack_bf16x2(x[8 * kk + 2 * q], x[8 * kk + 2 * q + 1]);
+    }
+    l_run[0] = l_run[0] * alpha[0] + sum[0];
+    l_run[1] = l_run[1] * alpha[1] + sum[1];
+    if (mask != ~0u) {
+      // Zero the V rows of masked tokens in this warpgroup's blocks (4 wg .. 4 wg + 3; 128
+      // threads, 16 B each): both warpgroups' S(t) completed (the exchange).
+      for (int i = ctid & 127; i < kTile * 4 * 8; i += 128) {
+        const int k = i >> 5, blk = 4 * wg + ((i >> 3) & 3), ch = i & 7;
+        if (!((mask >> k) & 1u)) *reinterpret_cast<uint4*>(stage + blk * kBlockBytes + k * 128 + ch * 16) = make_uint4(0, 0, 0, 0);
+      }
+      ptx::fence_proxy_async();
+      ptx::named_barrier(kBarWg + wg, 128);
+    }
   };
   auto scale_o = [&](float a0, float a1) {
     if (__any_sync(0xFFFFFFFFu, a0 != 1.0f || a1 != 1.0f)) {
@@ -245,150 +326,56 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
       }
     }
   };
-  // V of this warpgroup's 256 dims: column blocks 4 wg .. 4 wg + 3 (lbo 8 KB), k-step kk = tokens 16 kk.. (2 KB).
+  // V of this warpgroup's 256 dims: column blocks 4 wg .. 4 wg + 3 (lbo 4 KB), k-step kk = tokens 16 kk.. (2 KB).
   auto v_desc = [&](int st, int kk) {
-    return ptx::desc_sw128(ring_addr + st * kStageBytes + 4 * wg * kBlockBytes + kk * 2048, kBlockBytes, 1024);
+    return ptx::desc_sw128(ring_addr + st * kStageBytes + 4 * wg * kBlockBytes, kBlockBytes, 1024) + ((kk * 2048) >> 4);
   };
 
-  // One site per wgmma kind and one wgmma.wait site per step (both warpgroups run the
-  // same instructions on the same registers; only selects and branches without wgmma
-  // depend on the role): ptxas serializes the wgmma otherwise (C7515). One step per
-  // tile, P of even and odd tiles in two register sets (the loop runs in pairs).
-  uint32_t pa_even[4][4], pa_odd[4][4];
-  auto step = [&](const int t, uint32_t(&pa_t)[4][4]) __attribute__((always_inline)) {
+  // One step per tile t (P(t) ready): S(t + 1) out, O rescaled, P V(t) out; S(t + 1)'s
+  // exchange and softmax while P V(t) runs; the stage of t back once P V(t) completed.
+  // Nothing is in flight across steps, so ptxas sees every accumulator read after a
+  // wait that covers it (C7514 otherwise). P of even and odd tiles in two register sets
+  // (P V(t) reads one while the softmax writes the other; the loop runs in pairs). At the
+  // last tile the scores of tile t again (discarded): the same wgmma in every step.
+  if (n_tiles > 0) {
+    issue_scores(0);
+    ptx::wg_wait<0>();
+    ptx::wg_hold16(s);
+    softmax(0, pa_even);
+  }
+  auto step = [&](const int t, uint32_t(&pc)[2][4], uint32_t(&pn)[2][4]) __attribute__((always_inline)) {
     if (t >= n_tiles) return;
-    if (t >= 0) {
-      const int st = t % kStages;
-      uint8_t* stage = ring + st * kStageBytes;
-      uint8_t* pblk = stage + (kBlocks - 1) * kBlockBytes;  // P over the rope block (S is done with it)
-      const bool own = (t & 1) == wg;
-      uint32_t(&pa)[4][4] = pa_t;
-      float sum[2] = {0.0f, 0.0f};
-      float a[2];
-      // In flight: this warpgroup's P V of tile t - 1, and S(t) when it owns t. The stage
-      // of tile t - 1 goes back before the hand-off wait (the producer refills it meanwhile).
-      ptx::wg_wait<0>();
-      ptx::wg_hold128(o);
-      if (t >= 1) release(t - 1);
-      ptx::wg_hold32(s);
-      if (own) {
-        // ---- owner: softmax of S(t), P, the new maxima and alpha, hand-off ----
-        const uint64_t mask = vmask[st];
-        const int64_t pos0 = begin + static_cast<int64_t>(t) * kTile;
-        float m_new[2], alpha[2];
-        float(&x_all)[32] = s;  // the scores, scaled and masked, then P
+    const bool more = t + 1 < n_tiles;
+    issue_scores(more ? t + 1 : t);
+    scale_o(alpha[0], alpha[1]);
+    ptx::wg_fence();
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int r = r0 + 8 * h;
-          const int64_t vis = row_vis[r] - pos0;  // tokens of the tile this row sees
-          float v = -INFINITY;
-#pragma unroll
-          for (int j = 0; j < 8; ++j) {
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int k = 8 * j + 2 * c + e;
-              const bool ok = ((mask >> k) & 1ull) && k < vis;
-              float& x = x_all[4 * j + 2 * h + e];
-              x = ok ? s[4 * j + 2 * h + e] * p.scale_log2 : -INFINITY;
-              v = fmaxf(v, x);
-            }
-          }
-          v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 1));
-          v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 2));
-          const float m_prev = m_sh[r];
-          m_new[h] = fmaxf(m_prev, v);
-          alpha[h] = m_prev == -INFINITY ? 0.0f : exp2f(m_prev - m_new[h]);
-        }
-#pragma unroll
-        for (int i = 0; i < 32; ++i) {
-          const int h = (i >> 1) & 1;
-          const float e = m_new[h] == -INFINITY ? 0.0f : exp2f(x_all[i] - m_new[h]);
-          sum[h] += e;
-          x_all[i] = e;
-        }
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
-#pragma unroll
-          for (int x = 0; x < 4; ++x) pa[kk][x] = gp::pack_bf16x2(x_all[8 * kk + 2 * x], x_all[8 * kk + 2 * x + 1]);
-        }
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            *reinterpret_cast<uint32_t*>(pblk + sw128(r0 + 8 * h, 8 * j + 2 * c)) = pa[j >> 1][2 * (j & 1) + h];
-          }
-        }
-        __syncwarp();  // every thread of the quad has read m_sh
-        if (c == 0) {
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            m_sh[r0 + 8 * h] = m_new[h];
-            alpha_sh[(t & 1) * kRows + r0 + 8 * h] = alpha[h];
-          }
-        }
-        if (mask != ~0ull) {
-          // Zero the V rows of masked tokens (blocks 0..7; 128 threads, 16 B each).
-          for (int i = ctid & 127; i < kTile * 8 * 8; i += 128) {
-            const int k = i >> 6, blk = (i >> 3) & 7, ch = i & 7;
-            if (!((mask >> k) & 1ull)) *reinterpret_cast<uint4*>(stage + blk * kBlockBytes + k * 128 + ch * 16) = make_uint4(0, 0, 0, 0);
-          }
-          ptx::fence_proxy_async();
-          ptx::named_barrier(kBarWg + wg, 128);
-        }
-        ptx::mbar_arrive(gp::smem_addr(&hand[wg]));  // hand-off number t / 2 of this warpgroup
-        a[0] = alpha[0], a[1] = alpha[1];
-      } else {
-        // ---- other: the owner's hand-off, P from shared memory ----
-        ptx::mbar_wait(gp::smem_addr(&hand[1 - wg]), (t >> 1) & 1);
-        ptx::mbar_wait(gp::smem_addr(&full[st]), (t / kStages) & 1);  // the tile's bytes (complete: its owner waited)
-        a[0] = alpha_sh[(t & 1) * kRows + r0], a[1] = alpha_sh[(t & 1) * kRows + r0 + 8];
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
-          const int mi = lane >> 3;
-          gp::ldmatrix_x4(pa[kk], gp::smem_addr(pblk + sw128(16 * w + (lane & 7) + 8 * (mi & 1), 16 * kk + 8 * (mi >> 1))));
-        }
-      }
-      // ---- both: O = alpha O + P V over this warpgroup's 256 dims ----
-      l_run[0] = l_run[0] * a[0] + sum[0];
-      l_run[1] = l_run[1] * a[1] + sum[1];
-      scale_o(a[0], a[1]);
-    }
-    if (t >= 0) {
-      ptx::wg_fence();
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) ptx::wgmma_n256_bf16_rs(o, pa_t[kk], v_desc(t % kStages, kk), 1);
-      ptx::wg_commit();
-    }
-    // ---- S of this warpgroup's next tile, after its P V of this one ----
-    if (t + 1 < n_tiles && ((t + 1) & 1) == wg) issue_scores(t + 1);
+    for (int kk = 0; kk < 2; ++kk) ptx::wgmma_n256_bf16_rs(o, pc[kk], v_desc(t % kStages, kk), 1);
+    ptx::wg_commit();
+    ptx::wg_wait<1>();
+    ptx::wg_hold16(s);
+    if (more) softmax(t + 1, pn);
+    ptx::wg_wait<0>();
+    ptx::wg_hold128(o);
+    ptx::wg_hold16(s);
+    __syncwarp();
+    if (lane == 0) ptx::mbar_arrive(gp::smem_addr(&empty[t % kStages]));
   };
-  step(-1, pa_odd);
   for (int t = 0; t < n_tiles; t += 2) {
-    step(t, pa_even);
-    step(t + 1, pa_odd);
+    step(t, pa_even, pa_odd);
+    step(t + 1, pa_odd, pa_even);
   }
-  ptx::wg_wait<0>();
-  ptx::wg_hold128(o);
-  ptx::wg_hold32(s);
-
-  // ---- finalize: l of both warpgroups, then every row's 256 dims of this warpgroup ----
+  // ---- finalize: every row's 256 dims of this warpgroup (both hold the same m and l) ----
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    float v = l_run[h];
-    v += __shfl_xor_sync(0xFFFFFFFFu, v, 1);
-    v += __shfl_xor_sync(0xFFFFFFFFu, v, 2);
-    if (c == 0) l_sh[wg * kRows + r0 + 8 * h] = v;
-  }
-  ptx::mbar_arrive(gp::smem_addr(fin));
-  ptx::mbar_wait(gp::smem_addr(fin), 0);
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
+    float l = l_run[h];
+    l += __shfl_xor_sync(0xFFFFFFFFu, l, 1);
+    l += __shfl_xor_sync(0xFFFFFFFFu, l, 2);
     const int r = r0 + 8 * h;
     if (cw.row0 + r >= cw.rows_req) continue;
-    const float l = l_sh[r] + l_sh[kRows + r];
     const bool is_empty = l == 0.0f;
     const float inv_l = is_empty ? 0.0f : 1.0f / l;
-    const float lse = is_empty ? -INFINITY : (m_sh[r] + log2f(l)) * kLn2;
+    const float lse = is_empty ? -INFINITY : (m_run[h] + log2f(l)) * kLn2;
     const int i = cw.query(p, r), hh = cw.head(p, r);
     const bool lse_here = wg == 0 && c == 0;
     float* dst = result_row(p, b, split, i, hh, lse, lse_here);

@@ -69,6 +69,18 @@ __device__ __forceinline__ void wgmma_n64_bf16_ss(float (&d)[32], uint64_t da, u
       : "l"(da), "l"(db), "r"(acc));
 }
 
+// d (64 x 32 f32) = A (64 x 16, K-major, descriptor) * B (16 x 32, K-major, descriptor) + (acc ? d : 0).
+// Fragment of d: d[4j + 2h + e] = (row 16w + g + 8h, column 8j + 2c + e), j = 0..3.
+__device__ __forceinline__ void wgmma_n32_bf16_ss(float (&d)[16], uint64_t da, uint64_t db, int acc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, "
+      "%13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(da), "l"(db), "r"(acc));
+}
+
 #define MLAKV_NAT_D128                                                                                               \
   "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),      \
       "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),       \
@@ -120,6 +132,12 @@ __device__ __forceinline__ void wgmma_n256_bf16_ss(float (&d)[128], uint64_t da,
 __device__ __forceinline__ void wg_hold128(float (&d)[128]) {
 #pragma unroll
   for (int i = 0; i < 128; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// The same for a 64 x 32 accumulator.
+__device__ __forceinline__ void wg_hold16(float (&d)[16]) {
+#pragma unroll
+  for (int i = 0; i < 16; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
 #endif  // MLAKV_SM90_DEVICE
