@@ -117,6 +117,8 @@ double gemm_ceiling_tflops(int reps) {
   return 2.0 * n * static_cast<double>(n) * n / (ms * 1e-3) * 1e-12;
 }
 
+constexpr int kNumShapes = 14;  // the entries of main's shape table (--shape takes 0 .. kNumShapes - 1)
+
 struct Shape {
   std::string kind;  // "decode" or "sparse"
   int B, H, s_q;
@@ -310,7 +312,14 @@ int main(int argc, char** argv) {
       const std::string list = argv[++i];
       for (std::size_t pos = 0; pos <= list.size();) {
         const std::size_t comma = std::min(list.find(',', pos), list.size());
-        only_shapes.push_back(std::atoi(list.substr(pos, comma - pos).c_str()));
+        const std::string item = list.substr(pos, comma - pos);
+        char* stop = nullptr;
+        const long v = std::strtol(item.c_str(), &stop, 10);
+        if (item.empty() || *stop != '\0' || v < 0 || v >= kNumShapes) {
+          std::fprintf(stderr, "error: --shape takes shape indices in [0, %d], got '%s'\n", kNumShapes - 1, list.c_str());
+          return 2;
+        }
+        only_shapes.push_back(static_cast<int>(v));
         pos = comma + 1;
       }
     }
@@ -355,7 +364,8 @@ int main(int argc, char** argv) {
   }
   // Issue 12's shapes: memory-bound decode (H=16), compute-bound dense (H=128 s_q=2),
   // sparse top-k 2048 at H=128/64, and the tensor-parallel sparse shapes (H=8/16 per GPU,
-  // s_q=1, B=1/8/64), which FlashMLA's Hopper kernel runs only with heads padded to 64.
+  // s_q=1, B=1/8/64), which FlashMLA's Hopper kernel runs only with heads padded to 64;
+  // last, dense B=64 H=64 s_q=1 8K: the memory-bound side of the 64-row kernels' route.
   // (--shape takes these indices.)
   const std::vector<Shape> shapes = {{"decode", 64, 16, 1, 8192, 0},      {"decode", 64, 16, 1, 32768, 0},
                                      {"decode", 128, 16, 1, 8192, 0},     {"decode", 64, 128, 2, 8192, 0},
@@ -363,7 +373,11 @@ int main(int argc, char** argv) {
                                      {"sparse", 64, 64, 2, 32768, 2048},  {"sparse", 1, 8, 1, 32768, 2048},
                                      {"sparse", 8, 8, 1, 32768, 2048},    {"sparse", 64, 8, 1, 32768, 2048},
                                      {"sparse", 1, 16, 1, 32768, 2048},   {"sparse", 8, 16, 1, 32768, 2048},
-                                     {"sparse", 64, 16, 1, 32768, 2048}};
+                                     {"sparse", 64, 16, 1, 32768, 2048},  {"decode", 64, 64, 1, 8192, 0}};
+  if (shapes.size() != static_cast<std::size_t>(kNumShapes)) {
+    std::fprintf(stderr, "error: bench_cuda's shape table has %zu entries, kNumShapes says %d\n", shapes.size(), kNumShapes);
+    return 2;
+  }
   nlohmann::json j;
   j["device"] = props->name;
   j["copy_tbps"] = copy;
