@@ -1,10 +1,10 @@
 // The natural-arrangement many-row sm90 attention path for bf16 records (Hopper, sm_90a
 // only; built with the sm90 path and listed as AttentionPath::kSm90Nat in
-// api/attention_path.cc): 64 query rows per CTA as the wgmma M dimension, each 64-token KV
+// api/attention_path.cc): 64 query rows per CTA as the wgmma M dimension, each 32-token KV
 // tile loaded by 2-D TMA into the 128-byte swizzled canonical layout and read from shared
 // memory by the tensor cores as K^T and (transposed) as V; two consumer warpgroups that
-// own alternate tiles and split the 512 output dims. Dense token sets (block-table walk)
-// at block sizes that tile a 64-token tile with whole TMA boxes. Same operation, params
+// split the scores' 576 dims and the 512 output dims of every tile. Dense token sets
+// (block-table walk) at block sizes that tile a 32-token tile with whole TMA boxes. Same operation, params
 // and split-KV output contract as the other paths (params/attention.h). kernel_nat.cuh
 // holds the kernel; docs/design.md "Hopper kernels, natural arrangement".
 //
