@@ -1,13 +1,14 @@
-// The issue rate of the wgmma shapes the sm90 kernels use (bench, sm_90a only): one CTA per
+// The issue rate of the wgmma shapes the sm90 kernels use (sm_90a only): one CTA per
 // SM, one or two warpgroups each issuing 16 wgmma per group back to back on the same
 // shared-memory operands (contents irrelevant), committing and waiting once per group;
 // clock64 around 400 groups. Prints clocks per wgmma per warpgroup and MAC/clock/SM (the
 // H100/H200 dense bf16 peak is 1024 x 2 = 2048 MAC/clock/SM). docs/perf.md quotes it for the
 // question "which shapes run at the tensor peak when both operands come from shared
 // memory" (m64n32k16 SS needs 192 B of shared memory per clock at peak; the SM gives 128).
-//   usage: bench_wgmma_rate          (exit 1 when no sm_90 device or a launch fails)
+//   usage: wgmma_rate          (exit 1 when no sm_90 device or a launch fails)
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 
@@ -98,7 +99,7 @@ bool run(const char* name, double macs) {
 int main() {
   cudaDeviceProp prop{};
   if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess || prop.major != 9) {
-    std::fprintf(stderr, "error: bench_wgmma_rate needs an sm_90 device\n");
+    std::fprintf(stderr, "error: wgmma_rate needs an sm_90 device\n");
     return 1;
   }
   std::printf("%s, %d SMs; %d CTAs x %d groups x %d wgmma\n", prop.name, prop.multiProcessorCount, kCtas, kGroups, kPerGroup);
