@@ -188,22 +188,38 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
     const bool ok = cw.row0 + r < cw.rows_req;
     const int rc = ok ? r : 0;
     const int64_t off = b * p.q_s0 + static_cast<int64_t>(cw.query(p, rc)) * p.q_s1 + static_cast<int64_t>(cw.head(p, rc)) * p.q_s2;
+    // 16-byte loads where the row is 16-byte aligned (the usual contiguous q), else scalar
+    // ones (any q stride).
+    const uintptr_t qbase = reinterpret_cast<uintptr_t>(p.q);
+    const bool vec = p.q_bf16 ? ((qbase + 2 * off) & 15) == 0 : ((qbase + 4 * off) & 15) == 0;
 #pragma unroll 2
     for (int k = 0; k < kQkDim / 8 / 4; ++k) {
-      const int ch = sub + 4 * k;  // 16-byte chunk: dims 8 ch .. 8 ch + 7 (scalar loads: any q stride)
+      const int ch = sub + 4 * k;  // 16-byte chunk: dims 8 ch .. 8 ch + 7
+      const int64_t d0 = off + 8 * ch;
       uint32_t v[4];
+      if (vec && p.q_bf16) {
+        const uint4 u = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.q) + d0);
+        v[0] = u.x, v[1] = u.y, v[2] = u.z, v[3] = u.w;
+      } else if (vec) {
+        const float4 lo = *reinterpret_cast<const float4*>(static_cast<const float*>(p.q) + d0);
+        const float4 hi = *reinterpret_cast<const float4*>(static_cast<const float*>(p.q) + d0 + 4);
+        v[0] = gp::pack_bf16x2(lo.x, lo.y), v[1] = gp::pack_bf16x2(lo.z, lo.w);
+        v[2] = gp::pack_bf16x2(hi.x, hi.y), v[3] = gp::pack_bf16x2(hi.z, hi.w);
+      } else {
 #pragma unroll
-      for (int x = 0; x < 4; ++x) {
-        const int64_t d = off + 8 * ch + 2 * x;
-        if (p.q_bf16) {
-          const uint16_t* q16 = static_cast<const uint16_t*>(p.q);
-          v[x] = static_cast<uint32_t>(q16[d]) | (static_cast<uint32_t>(q16[d + 1]) << 16);
-        } else {
-          const float* q32 = static_cast<const float*>(p.q);
-          v[x] = gp::pack_bf16x2(q32[d], q32[d + 1]);
+        for (int x = 0; x < 4; ++x) {
+          const int64_t d = d0 + 2 * x;
+          if (p.q_bf16) {
+            const uint16_t* q16 = static_cast<const uint16_t*>(p.q);
+            v[x] = static_cast<uint32_t>(q16[d]) | (static_cast<uint32_t>(q16[d + 1]) << 16);
+          } else {
+            const float* q32 = static_cast<const float*>(p.q);
+            v[x] = gp::pack_bf16x2(q32[d], q32[d + 1]);
+          }
         }
-        if (!ok) v[x] = 0;
       }
+#pragma unroll
+      for (int x = 0; x < 4; ++x) v[x] = ok ? v[x] : 0u;
       *reinterpret_cast<uint4*>(qs + (ch >> 3) * kQBlockBytes + sw128(r, 8 * (ch & 7))) = make_uint4(v[0], v[1], v[2], v[3]);
     }
     ptx::fence_proxy_async();
@@ -380,10 +396,16 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
     const bool lse_here = wg == 0 && c == 0;
     float* dst = result_row(p, b, split, i, hh, lse, lse_here);
     dst += 256 * wg + 2 * c;
+    if ((reinterpret_cast<uintptr_t>(dst) & 7) == 0) {
+      // 8-byte stores: a quad writes whole 32-byte sectors.
 #pragma unroll
-    for (int j = 0; j < 32; ++j) {
-      dst[8 * j] = o[4 * j + 2 * h] * inv_l;
-      dst[8 * j + 1] = o[4 * j + 2 * h + 1] * inv_l;
+      for (int j = 0; j < 32; ++j) *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(o[4 * j + 2 * h] * inv_l, o[4 * j + 2 * h + 1] * inv_l);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        dst[8 * j] = o[4 * j + 2 * h] * inv_l;
+        dst[8 * j + 1] = o[4 * j + 2 * h + 1] * inv_l;
+      }
     }
   }
 #endif  // MLAKV_SM90_DEVICE
