@@ -19,17 +19,6 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t byt
   asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 }
 
-// True when the barrier's phase with the given parity has completed (acquire; no wait).
-__device__ __forceinline__ bool mbar_test(uint32_t bar, uint32_t parity) {
-  uint32_t r;
-  asm volatile(
-      "{\n.reg .pred p;\nmbarrier.test_wait.parity.acquire.cta.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(r)
-      : "r"(bar), "r"(parity)
-      : "memory");
-  return r != 0;
-}
-
 // Box (c0 = column in elements, c1 = row) of the 2-D tensor map at `tmap` (a
 // __grid_constant__ kernel parameter) into shared memory at `dst`; completion is reported
 // to `bar` as transaction bytes (the whole box).
@@ -119,8 +108,7 @@ __device__ __forceinline__ void wgmma_n32_bf16_rs(float (&d)[16], const uint32_t
   "%110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}"
 
 // d (64 x 256 f32) = A (64 x 16) * B (16 x 256, MN-major: transpose bit set) with A
-// from registers (the mma.sync A fragment of each warp's 16 rows) or from shared memory
-// (K-major descriptor). Fragment of d: d[4j + 2h + e] = (row 16w + g + 8h, column
+// from registers (the mma.sync A fragment of each warp's 16 rows). Fragment of d: d[4j + 2h + e] = (row 16w + g + 8h, column
 // 8j + 2c + e), j = 0..31; + (acc ? d : 0).
 __device__ __forceinline__ void wgmma_n256_bf16_rs(float (&d)[128], const uint32_t (&a)[4], uint64_t db, int acc) {
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
@@ -128,13 +116,6 @@ __device__ __forceinline__ void wgmma_n256_bf16_rs(float (&d)[128], const uint32
                ", {%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"
                : MLAKV_NAT_D128
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
-}
-__device__ __forceinline__ void wgmma_n256_bf16_ss(float (&d)[128], uint64_t da, uint64_t db, int acc) {
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 " MLAKV_NAT_R128
-               ", %128, %129, p, 1, 1, 0, 1;\n}\n"
-               : MLAKV_NAT_D128
-               : "l"(da), "l"(db), "r"(acc));
 }
 #undef MLAKV_NAT_D128
 #undef MLAKV_NAT_R128
