@@ -1,34 +1,42 @@
 // The natural-arrangement many-row sm90 attention kernel for bf16 records (launch_nat.h;
 // docs/design.md "Hopper kernels, natural arrangement"): the query rows are the wgmma M
 // dimension, the KV tile is read by the tensor cores straight from shared memory, both
-// as K^T (S = Q K^T) and as V (O = P V), so no operand of the large product passes
-// through registers.
+// as K^T (S = Q K^T) and as V (O = P V).
 //
 // One CTA = 64 query rows x one KV split of one request (rows i * H + h), 384 threads:
-//  - warp 8, the producer (warps 9..11 exit at once; setmaxnreg gives their registers to
-//    the consumers): walks the block table (one lookup per lane for the boxes of the next
-//    32 / boxes-per-tile tiles) and loads each 32-token tile with 2-D TMA boxes (the cache
-//    viewed as [num_slots, 576] bf16, 128-byte swizzle, box 64 dims x min(block_size, 32)
-//    rows; 9 column blocks of 4 KB per tile) into a ring of three stages, publishing the
-//    tile's 32-bit validity mask (token in a valid page and before the split's end);
-//    boxes of invalid pages are not loaded;
-//  - warpgroups 0 and 1, the consumers, run the same program on every tile (no roles):
-//    warpgroup k computes the partial scores of the tile over its half of the 576 dims
-//    (k-steps 18 k .. 18 k + 17: 18 SS wgmma m64n32k16, Q and K both K-major in the
-//    swizzled layout, Q resident in shared memory); the two halves are exchanged through
-//    shared memory (an mbarrier per tile parity) and summed in the same order by both,
-//    so both hold the same full scores and run the same online softmax on them: no
-//    maximum, rescale factor or P crosses the warpgroups. Warpgroup k then zeroes the V
-//    rows of masked tokens in its own column blocks (NaN-poisoned slots may sit there:
-//    0 * NaN would reach O) and computes O_k += P V over its 256 output dims (2 RS wgmma
-//    m64n256k16, P from the score registers; V read MN-major from the same tile).
-//    The scores of tile t + 1 are issued before the exchange and softmax of tile t, so the
-//    tensor cores run them meanwhile (two score register sets; the loop runs in pairs).
-//    Each warpgroup keeps O for its 256 dims (128 fp32 registers), for all 64 rows.
+//  - warps 8 and 9, the producers (warps 10 and 11 exit at once; setmaxnreg gives their
+//    registers to the consumers): warp 8 + k loads the tiles of stage k (tiles t with
+//    t % 2 == k) of a two-stage ring of 64-token tiles, walking the block table (one
+//    lookup per lane for the boxes of the next tiles) and loading each tile with 2-D TMA
+//    boxes (the cache viewed as [num_slots, 576] bf16, 128-byte swizzle, box 64 dims x
+//    min(block_size, 64) rows; 9 column blocks of 8 KB per tile) in three parts, each
+//    with its own full / empty mbarrier pair: the rope block (dims 512..575, read by the
+//    scores only), the left V half (column blocks 0..3) and the right one (4..7). A part
+//    is reloaded as soon as the warpgroup that read it last releases it. Boxes of invalid
+//    pages are not loaded; the tile's 64-bit validity mask goes with the rope part.
+//  - warpgroups 0 and 1, the consumers, in the "seesaw" schedule of two tiles a = 2j
+//    (stage 0) and b = 2j + 1 (stage 1) per step (FlashMLA's published schedule, docs/
+//    reference.md): warpgroup 0 holds O_L (output dims 0..255), warpgroup 1 O_R
+//    (256..511), each 128 fp32 registers for all 64 rows. Warpgroup k computes the full
+//    scores of the tile in stage k (36 wgmma m64n64k16: the rope block's 4 k-steps with
+//    Q's rope block from registers, the 32 others with Q and K from shared memory) and
+//    its softmax; the running maximum goes 0 -> 1 through shared memory:
+//      [0] m0 = max(m, rowmax S_a), P_a = exp(S_a - m0), O_L = O_L e^(m - m0) + P_a V_aL
+//      [1] m1 = max(m0, rowmax S_b), P_b = exp(S_b - m1), O_R = O_R e^(m - m1) + P_b V_bR
+//      [0] P_a e^(m0 - m1) -> shared memory; O_L = O_L e^(m0 - m1) + P_b V_bL (P_b from
+//          shared memory, where warpgroup 1 put it: Q's rope block, free once both
+//          warpgroups hold it in registers)
+//      [1] O_R += (P_a e^(m0 - m1)) V_aR
+//    so each warpgroup's softmax runs while the other's wgmmas keep the tensor cores busy.
+//    The warpgroup that computed a tile's scores zeroes the V rows of its masked tokens
+//    (NaN-poisoned slots may sit there: 0 * NaN would reach O) before either P V reads
+//    them. Every cross-warpgroup hand-off is an mbarrier that all 128 threads of the
+//    sending warpgroup arrive on (release) and the receivers wait on (acquire).
 // Softmax rows live in the wgmma accumulator fragment (each row in the four threads of a
-// quad), so the row max / sum are two shuffles. Stage t % 3 goes back to the producer once
-// both warpgroups' P V of tile t completed (at their next tile's wait).
-// Shared memory: Q 72 KB + 3 stages x 36 KB + the score exchange 32 KB + barriers (one CTA
+// quad), so the row max / sum are two shuffles. Nothing is in flight across steps (every
+// accumulator is read after a wait that covers it: ptxas serializes every wgmma
+// otherwise, C7514).
+// Shared memory: Q 72 KB + P_a 8 KB + 2 stages x 72 KB + barriers and row data (one CTA
 // per SM).
 #pragma once
 
@@ -54,33 +62,29 @@ namespace nat {
 
 using kernels::AttentionParams;
 
-constexpr int kRows = kNatRowsPerCta;          // 64 query rows per CTA
-constexpr int kTile = kNatTokenTile;           // 32 tokens per tile
-constexpr int kBlocks = kQkDim / 64;           // 9 column blocks of 64 dims (128 B) per row
-constexpr int kBlockBytes = kTile * 128;       // 4 KB: one column block of a tile
-constexpr int kStageBytes = kBlocks * kBlockBytes;  // 36 KB
-constexpr int kQBlockBytes = kRows * 128;      // 8 KB: one column block of Q
+constexpr int kRows = kNatRowsPerCta;               // 64 query rows per CTA
+constexpr int kTile = kNatTokenTile;                // 64 tokens per tile
+constexpr int kBlocks = kQkDim / 64;                // 9 column blocks of 64 dims (128 B) per row
+constexpr int kBlockBytes = kTile * 128;            // 8 KB: one column block of a tile
+constexpr int kStageBytes = kBlocks * kBlockBytes;  // 72 KB
+constexpr int kQBlockBytes = kRows * 128;           // 8 KB: one column block of Q (or P)
 constexpr int kQBytes = kBlocks * kQBlockBytes;     // 72 KB
-constexpr int kStages = 3;
-constexpr int kKSteps = kQkDim / 16 / 2;       // 18 k-steps of the scores per warpgroup
+constexpr int kStages = 2;
 constexpr int kConsumerWarps = 8;
 constexpr int kThreads = 32 * kConsumerWarps + 128;  // + the producer warpgroup
-constexpr int kConsumerRegs = 240, kProducerRegs = 24;
-// The score exchange: [tile parity][warpgroup][warp][float4 i][lane] (16 fp32 per thread).
-constexpr int kXWarpBytes = 4 * 32 * 16;                // 2 KB
-constexpr int kXBytes = 2 * 2 * 4 * kXWarpBytes;        // 32 KB
-// misc: full[3], empty[3], xbar[2] (8 B each), vmask[3] (4 B each)
-constexpr int kMiscBytes = 8 * 8 + 4 * kStages;
-constexpr int kSmemBytes = 1024 + kQBytes + kStages * kStageBytes + kXBytes + kMiscBytes;  // + 1 KB for the 1024-B alignment
+constexpr int kConsumerRegs = 240, kProducerRegs = 32;
+// The three parts of a stage, each with its own full / empty barrier pair.
+constexpr int kPartRope = 0, kPartL = 1, kPartR = 2, kParts = 3;
+// misc: full[3][2], empty[3][2], then m0_ready, s1_ready, p0_ready, p1_ready, l_ready
+// (8 B each); vmask[2] (8 B each); the rows' m0, e^(m - m0), m1, e^(m0 - m1) (64 fp32
+// each); the final row sums of both warpgroups (2 x 64 fp32).
+constexpr int kNumBars = 2 * kParts * kStages + 5;
+constexpr int kMiscBytes = 8 * kNumBars + 8 * kStages + 4 * 64 * 4 + 2 * 64 * 4;
+constexpr int kSmemBytes = 1024 + kQBytes + kQBlockBytes + kStages * kStageBytes + kMiscBytes;  // + 1 KB for the 1024-B alignment
 static_assert(kSmemBytes <= 227 * 1024, "one CTA per SM");
-static_assert(kTile == 32, "the validity mask and the exchange layout assume 32-token tiles");
+static_assert(kTile == 64, "the validity mask and the fragments assume 64-token tiles");
 constexpr float kLn2 = 0.6931471805599453f;
-// Named barriers (0 is __syncthreads): 3 + k = warpgroup k alone (128), 5 = both consumer
-// warpgroups (after Q). The score exchange goes through mbarriers (release arrive by all
-// 256 consumer threads, acquire wait): compute-sanitizer's racecheck reported hazards across
-// named-barrier hand-offs in the earlier form of this kernel (docs/perf.md, fourth and
-// fifth sessions), none across mbarriers.
-constexpr int kBarWg = 3, kBarAll = 5;
+constexpr int kBarWg = 3, kBarAll = 5;  // named barriers: 3 + k = warpgroup k alone (128), 5 = both (after Q)
 
 // Byte offset of (row r, element k) inside a block of 64-element (128-byte) rows of the
 // 128-byte swizzled layout (what TMA writes with CU_TENSOR_MAP_SWIZZLE_128B into a 1024-B
@@ -110,13 +114,23 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
   // The swizzled blocks need 1024-byte alignment.
   uint8_t* smem = smem_raw + ((1024 - (gp::smem_addr(smem_raw) & 1023)) & 1023);
   uint8_t* qs = smem;
-  uint8_t* ring = qs + kQBytes;
-  uint8_t* xs = ring + kStages * kStageBytes;
-  uint8_t* misc = xs + kXBytes;
-  uint64_t* full = reinterpret_cast<uint64_t*>(misc);
-  uint64_t* empty = full + kStages;
-  uint64_t* xbar = empty + kStages;  // xbar[t % 2]: both warpgroups' partial scores of tile t are in xs
-  uint32_t* vmask = reinterpret_cast<uint32_t*>(xbar + 2);
+  uint8_t* p0s = qs + kQBytes;               // P_a e^(m0 - m1), written by warpgroup 0
+  uint8_t* p1s = qs + 8 * kQBlockBytes;      // P_b, written by warpgroup 1 (Q's rope block)
+  uint8_t* ring = p0s + kQBlockBytes;
+  uint8_t* misc = ring + kStages * kStageBytes;
+  uint64_t* full = reinterpret_cast<uint64_t*>(misc);  // full[part * 2 + stage]
+  uint64_t* empty = full + kParts * kStages;
+  uint64_t* m0_ready = empty + kParts * kStages;  // [0] -> [1]: m0, e^(m - m0) of step j
+  uint64_t* s1_ready = m0_ready + 1;              // [1] -> [0]: m1, e^(m0 - m1)
+  uint64_t* p0_ready = s1_ready + 1;              // [0] -> [1]: P_a in p0s
+  uint64_t* p1_ready = p0_ready + 1;              // [1] -> [0]: P_b in p1s
+  uint64_t* l_ready = p1_ready + 1;               // both: the final row sums
+  uint64_t* vmask = l_ready + 1;                  // vmask[stage]: the tile's valid tokens
+  float* sm0 = reinterpret_cast<float*>(vmask + kStages);
+  float* ss0 = sm0 + 64;
+  float* sm1 = ss0 + 64;
+  float* ss1 = sm1 + 64;
+  float* sl = ss1 + 64;  // sl[wg * 64 + row]
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int split = blockIdx.z;
@@ -124,55 +138,70 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
   const int b = cw.b;
   const int64_t begin = cw.begin, end = cw.end;
   const int n_tiles = cw.n_tiles;
+  const int n_steps = (n_tiles + 1) / 2;  // two tiles per step; an odd count's last b tile is empty
 
   if (tid == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      ptx::mbar_init(gp::smem_addr(&full[s]), 1);
-      ptx::mbar_init(gp::smem_addr(&empty[s]), kConsumerWarps);
+    for (int i = 0; i < kParts * kStages; ++i) {
+      ptx::mbar_init(gp::smem_addr(&full[i]), 1);
+      ptx::mbar_init(gp::smem_addr(&empty[i]), 128);
     }
-    for (int k = 0; k < 2; ++k) ptx::mbar_init(gp::smem_addr(&xbar[k]), 32 * kConsumerWarps);
+    for (uint64_t* bar = m0_ready; bar != l_ready; ++bar) ptx::mbar_init(gp::smem_addr(bar), 128);
+    ptx::mbar_init(gp::smem_addr(l_ready), 256);
     ptx::mbar_init_fence();
   }
   __syncthreads();
 
   if (warp >= kConsumerWarps) {
     ptx::setmaxnreg_dec<kProducerRegs>();
-    if (warp != kConsumerWarps) return;
-    // ---- producer: one lane per box of the tile ----
-    const int br = p.block_size < kTile ? p.block_size : kTile;  // box rows (launch_nat.h: 8, 16 or 32)
-    const int n_box = kTile / br;                                // boxes per tile: 1, 2 or 4
-    const int tiles_per_lookup = 32 / n_box;                     // tiles whose boxes one lookup round covers
+    if (warp >= kConsumerWarps + kStages) return;
+    // ---- producer of stage k: one lane per box of the tile ----
+    const int k = warp - kConsumerWarps;
+    const int br = p.block_size < kTile ? p.block_size : kTile;  // box rows (launch_nat.h: 8, 16, 32 or 64)
+    const int n_box = kTile / br;                                // boxes per tile: 8, 4, 2 or 1
+    const int tiles_per_lookup = 32 / n_box;                     // this stage's tiles one lookup round covers
     if (lane == 0) ptx::prefetch_tensormap(&tmap);
+    // The parts in the order they are released: the rope block after the scores, then the
+    // V half of the warpgroup that computed the scores (its P V comes first).
+    const int order[3] = {kPartRope, k == 0 ? kPartL : kPartR, k == 0 ? kPartR : kPartL};
     int64_t looked_up = -1;  // this lane's box of the current lookup round
-    for (int t = 0; t < n_tiles; ++t) {
-      const int st = t % kStages;
+    for (int u = 0; 2 * u + k < 2 * n_steps; ++u) {
+      const int t = 2 * u + k;
       const int64_t pos0 = begin + static_cast<int64_t>(t) * kTile;
-      const int tr = t % tiles_per_lookup;
-      if (tr == 0) {
-        const int64_t pos = pos0 + static_cast<int64_t>(lane) * br;
+      const int ur = u % tiles_per_lookup;
+      if (ur == 0) {
+        const int64_t pos = pos0 + static_cast<int64_t>(lane / n_box) * 2 * kTile + static_cast<int64_t>(lane % n_box) * br;
         looked_up = pos < end ? box_row(p, b, pos) : -1;
       }
-      const int64_t got = __shfl_sync(0xFFFFFFFFu, looked_up, tr * n_box + (lane < n_box ? lane : 0));
+      const int64_t got = __shfl_sync(0xFFFFFFFFu, looked_up, ur * n_box + (lane < n_box ? lane : 0));
       const int64_t row = lane < n_box ? got : -1;
       const uint32_t valid = __ballot_sync(0xFFFFFFFFu, row >= 0);
-      if (t >= kStages) ptx::mbar_wait(gp::smem_addr(&empty[st]), ((t / kStages) - 1) & 1);
-      const uint32_t bar = gp::smem_addr(&full[st]);
+      uint64_t mask = 0;
       if (lane == 0) {
-        const uint32_t box_bits = br == 32 ? ~0u : ((1u << br) - 1);
-        uint32_t mask = 0;
-        for (int k = 0; k < n_box; ++k) {
-          if ((valid >> k) & 1u) mask |= box_bits << (k * br);
+        const uint64_t box_bits = br == 64 ? ~0ull : ((1ull << br) - 1);
+        for (int x = 0; x < n_box; ++x) {
+          if ((valid >> x) & 1u) mask |= box_bits << (x * br);
         }
         const int64_t left = end - pos0;
-        if (left < kTile) mask &= (1u << left) - 1;
-        vmask[st] = mask;
-        ptx::mbar_arrive_expect_tx(bar, static_cast<uint32_t>(__popc(valid)) * kBlocks * br * 128);
+        if (left < kTile) mask &= left <= 0 ? 0ull : ((1ull << left) - 1);
       }
-      __syncwarp();
-      if (row >= 0) {
-        const uint32_t dst = gp::smem_addr(ring + st * kStageBytes + lane * br * 128);
+      const uint32_t dst = gp::smem_addr(ring + k * kStageBytes + lane * br * 128);
 #pragma unroll
-        for (int k = 0; k < kBlocks; ++k) ptx::tma_load_2d(dst + k * kBlockBytes, &tmap, 64 * k, static_cast<int>(row), bar);
+      for (int o = 0; o < 3; ++o) {
+        const int part = order[o];
+        if (u >= 1) ptx::mbar_wait(gp::smem_addr(&empty[part * kStages + k]), (u - 1) & 1);
+        const uint32_t bar = gp::smem_addr(&full[part * kStages + k]);
+        const int nb = part == kPartRope ? 1 : 4;
+        const int blk0 = part == kPartRope ? 8 : (part == kPartL ? 0 : 4);
+        if (lane == 0) {
+          if (part == kPartRope) vmask[k] = mask;
+          ptx::mbar_arrive_expect_tx(bar, static_cast<uint32_t>(__popc(valid)) * nb * br * 128);
+        }
+        __syncwarp();
+        if (row >= 0) {
+          for (int x = 0; x < nb; ++x) {
+            ptx::tma_load_2d(dst + (blk0 + x) * kBlockBytes, &tmap, 64 * (blk0 + x), static_cast<int>(row), bar);
+          }
+        }
       }
     }
     return;
@@ -226,114 +255,133 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
   }
   ptx::named_barrier(kBarAll, 256);
 
+  const int r0 = 16 * w + g;  // this thread's rows: r0, r0 + 8
+  // Q's rope block as the A fragments of the rope k-steps (its shared memory then holds P_b).
+  uint32_t rq[4][4];
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      rq[kk][q] = *reinterpret_cast<const uint32_t*>(qs + 8 * kQBlockBytes + sw128(r0 + 8 * (q & 1), 16 * kk + 8 * (q >> 1) + 2 * c));
+    }
+  }
+
   const uint32_t q_addr = gp::smem_addr(qs), ring_addr = gp::smem_addr(ring);
   float o[128];
 #pragma unroll
   for (int i = 0; i < 128; ++i) o[i] = 0.0f;
   ptx::wg_hold128(o);  // opaque zeros: constant-folded ones make ptxas serialize the P V wgmma (C7515)
-  float s[16];
-  uint32_t pa_even[2][4], pa_odd[2][4];  // P of even / odd tiles (A fragments of the two k-steps)
+  float s[32];
+  uint32_t pa[4][4];  // P of this warpgroup's tile (A fragments of the four k-steps)
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
-  float alpha[2] = {1.0f, 1.0f};  // the rescale factors of the tile whose P V goes out next
-  const int r0 = 16 * w + g;      // this thread's rows: r0, r0 + 8
   const int32_t vis0 = cw.visible(p, r0), vis1 = cw.visible(p, r0 + 8);
+  const uint32_t my_ring = ring_addr + wg * kStageBytes;  // the stage whose scores this warpgroup computes
+  uint64_t tmask = 0;                                      // the validity mask of the tile whose scores are in s
 
-  // This warpgroup's partial scores of tile t: in every 64-dim block the k-steps 2 wg and
-  // 2 wg + 1 (32 B each inside the 128-byte rows), so that a step's offset from the
-  // warpgroup's base descriptor is a constant (step i: block i / 2, 32 B x (i % 2)).
-  const uint64_t dq0 = ptx::desc_sw128(q_addr + 64 * wg, 16, 1024);
-  auto issue_scores = [&](int t) __attribute__((always_inline)) {
-    const int st = t % kStages;
-    ptx::mbar_wait(gp::smem_addr(&full[st]), (t / kStages) & 1);
-    const uint64_t dk0 = ptx::desc_sw128(ring_addr + st * kStageBytes + 64 * wg, 16, 1024);
+  // The scores of this warpgroup's u-th tile (stage wg): the rope k-steps (Q from
+  // registers), then the V half this warpgroup reads first (blocks 4 wg ..), then the
+  // other; `real` false: a discarded repeat over the stage's current bytes, so every step
+  // issues the same wgmma (no barrier wait, nothing released).
+  const int blk_a = 4 * wg, blk_b = 4 - 4 * wg;
+  const uint64_t dqa = ptx::desc_sw128(q_addr + blk_a * kQBlockBytes, 16, 1024), dqb = ptx::desc_sw128(q_addr + blk_b * kQBlockBytes, 16, 1024);
+  const uint64_t dka = ptx::desc_sw128(my_ring + blk_a * kBlockBytes, 16, 1024), dkb = ptx::desc_sw128(my_ring + blk_b * kBlockBytes, 16, 1024);
+  const uint64_t dkr = ptx::desc_sw128(my_ring + 8 * kBlockBytes, 16, 1024);
+  const int part_a = wg == 0 ? kPartL : kPartR, part_b = wg == 0 ? kPartR : kPartL;
+  // In two commit groups: the rope block and the first V half, then the second half
+  // (released last by the other warpgroup).
+  auto scores_first = [&](int u, bool real) __attribute__((always_inline)) {
+    if (real) {
+      ptx::mbar_wait(gp::smem_addr(&full[kPartRope * kStages + wg]), u & 1);
+      tmask = vmask[wg];
+    }
     ptx::wg_fence();
 #pragma unroll
-    for (int i = 0; i < kKSteps; ++i) {
+    for (int kk = 0; kk < 4; ++kk) ptx::wgmma_n64_bf16_rs(s, rq[kk], dkr + ((kk * 32) >> 4), kk > 0);
+    if (real) ptx::mbar_wait(gp::smem_addr(&full[part_a * kStages + wg]), u & 1);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
       // Descriptor + (byte offset >> 4): the start-address field (addr >> 4, 14 bits) never carries.
-      const uint32_t qo = ((i >> 1) * kQBlockBytes + (i & 1) * 32) >> 4, ko = ((i >> 1) * kBlockBytes + (i & 1) * 32) >> 4;
-      ptx::wgmma_n32_bf16_ss(s, dq0 + qo, dk0 + ko, i > 0);
+      const uint32_t qo = ((i >> 2) * kQBlockBytes + (i & 3) * 32) >> 4, ko = ((i >> 2) * kBlockBytes + (i & 3) * 32) >> 4;
+      ptx::wgmma_n64_bf16_ss(s, dqa + qo, dka + ko, 1);
     }
     ptx::wg_commit();
   };
-  // The scores of tile t (completed) -> both halves summed, the online softmax (the same in
-  // both warpgroups), P into `pa`, alpha for the rescale before its P V, the V rows of
-  // masked tokens zeroed in this warpgroup's blocks.
-  auto softmax = [&](int t, uint32_t(&pa)[2][4]) __attribute__((always_inline)) {
-    const int st = t % kStages;
-    uint8_t* stage = ring + st * kStageBytes;
-    // The exchange: my half of the scores out, the other half in, summed into x (the
-    // score registers are written by the wgmma only, C7515).
-    float x[16];
-    {
-      uint8_t* xt = xs + (t & 1) * (2 * 4 * kXWarpBytes);
-      float4* mine = reinterpret_cast<float4*>(xt + (wg * 4 + w) * kXWarpBytes) + lane;
-      const float4* other = reinterpret_cast<const float4*>(xt + ((1 - wg) * 4 + w) * kXWarpBytes) + lane;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) mine[32 * i] = make_float4(s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]);
-      ptx::mbar_arrive(gp::smem_addr(&xbar[t & 1]));
-      ptx::mbar_wait(gp::smem_addr(&xbar[t & 1]), (t >> 1) & 1);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        // One rounded fp32 add of the same two halves (commutative): both warpgroups get the same sums.
-        const float4 v = other[32 * i];
-        x[4 * i] = s[4 * i] + v.x, x[4 * i + 1] = s[4 * i + 1] + v.y;
-        x[4 * i + 2] = s[4 * i + 2] + v.z, x[4 * i + 3] = s[4 * i + 3] + v.w;
-      }
-    }
-    const uint32_t mask = vmask[st];
-    const int64_t pos0 = begin + static_cast<int64_t>(t) * kTile;
-    // Masked scores -> -inf (token outside the split or in an invalid page, or past the
-    // row's causal limit); a tile every row sees whole (all but the last ones) skips the test.
-    const bool whole = mask == ~0u && vis0 - pos0 >= kTile && vis1 - pos0 >= kTile;
-    if (!__all_sync(0xFFFFFFFFu, whole)) {
-#pragma unroll
-      for (int i = 0; i < 16; ++i) {
-        const int k = 8 * (i >> 2) + 2 * c + (i & 1);
-        const bool ok = ((mask >> k) & 1u) && k < (((i >> 1) & 1) ? vis1 : vis0) - pos0;
-        x[i] = ok ? x[i] : -INFINITY;
-      }
-    }
-    // The row maxima in the log2 domain (scale_log2 > 0 keeps the order), then
-    // p = exp2(x scale_log2 - m) in one FFMA per score.
-    float neg_m[2], sum[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float v = -INFINITY;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) v = fmaxf(v, fmaxf(x[4 * j + 2 * h], x[4 * j + 2 * h + 1]));
-      v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 1));
-      v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 2));
-      const float m_new = fmaxf(m_run[h], v * p.scale_log2);
-      alpha[h] = m_run[h] == -INFINITY ? 0.0f : exp2f(m_run[h] - m_new);
-      m_run[h] = m_new;
-      neg_m[h] = m_new == -INFINITY ? 0.0f : -m_new;  // a row that saw nothing yet: every x is -inf, p = 0
-    }
+  auto scores_second = [&](int u, bool real) __attribute__((always_inline)) {
+    if (real) ptx::mbar_wait(gp::smem_addr(&full[part_b * kStages + wg]), u & 1);
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
-      const int h = (i >> 1) & 1;
-      const float e = exp2f(fmaf(x[i], p.scale_log2, neg_m[h]));
-      sum[h] += e;
-      x[i] = e;
+      const uint32_t qo = ((i >> 2) * kQBlockBytes + (i & 3) * 32) >> 4, ko = ((i >> 2) * kBlockBytes + (i & 3) * 32) >> 4;
+      ptx::wgmma_n64_bf16_ss(s, dqb + qo, dkb + ko, 1);
     }
-#pragma unroll
-    for (int kk = 0; kk < 2; ++kk) {
-#pragma unroll
-      for (int q = 0; q < 4; ++q) pa[kk][q] = gp::pack_bf16x2(x[8 * kk + 2 * q], x[8 * kk + 2 * q + 1]);
-    }
-    l_run[0] = l_run[0] * alpha[0] + sum[0];
-    l_run[1] = l_run[1] * alpha[1] + sum[1];
-    if (mask != ~0u) {
-      // Zero the V rows of masked tokens in this warpgroup's blocks (4 wg .. 4 wg + 3; 128
-      // threads, 16 B each): both warpgroups' S(t) completed (the exchange).
-      for (int i = ctid & 127; i < kTile * 4 * 8; i += 128) {
-        const int k = i >> 5, blk = 4 * wg + ((i >> 3) & 3), ch = i & 7;
-        if (!((mask >> k) & 1u)) *reinterpret_cast<uint4*>(stage + blk * kBlockBytes + k * 128 + ch * 16) = make_uint4(0, 0, 0, 0);
+    ptx::wg_commit();
+  };
+  // The tile of step j whose scores are in s: the V rows of its masked tokens zeroed (both
+  // halves: nobody reads them before this warpgroup's hand-off), masked scores -> -inf
+  // (returned as the row maxima of the rest, log2 domain).
+  auto mask_and_max = [&](int t, float (&mx)[2]) __attribute__((always_inline)) {
+    const int64_t pos0 = begin + static_cast<int64_t>(t) * kTile;
+    const bool whole = tmask == ~0ull && vis0 - pos0 >= kTile && vis1 - pos0 >= kTile;
+    if (tmask != ~0ull) {
+      uint8_t* stage = ring + wg * kStageBytes;
+      for (int i = ctid & 127; i < kTile * 8 * 8; i += 128) {
+        const int k = i >> 6, blk = (i >> 3) & 7, ch = i & 7;
+        if (!((tmask >> k) & 1ull)) *reinterpret_cast<uint4*>(stage + blk * kBlockBytes + k * 128 + ch * 16) = make_uint4(0, 0, 0, 0);
       }
       ptx::fence_proxy_async();
       ptx::named_barrier(kBarWg + wg, 128);
     }
+    const bool all_whole = __all_sync(0xFFFFFFFFu, whole);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float v = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int i = 4 * j + 2 * h + e, k = 8 * j + 2 * c + e;
+          const bool ok = all_whole || (((tmask >> k) & 1ull) && k < (h ? vis1 : vis0) - pos0);
+          v = fmaxf(v, ok ? s[i] : -INFINITY);
+        }
+      }
+      v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 1));
+      v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 2));
+      mx[h] = v * p.scale_log2;
+    }
+    return all_whole;
   };
-  auto scale_o = [&](float a0, float a1) {
+  // P = exp2(s scale_log2 - m) of the unmasked scores (0 elsewhere) into pa; the row sums.
+  auto exp_pack = [&](int t, bool all_whole, const float (&m)[2], uint32_t (&out)[4][4], float (&sum)[2]) __attribute__((always_inline)) {
+    const int64_t pos0 = begin + static_cast<int64_t>(t) * kTile;
+    const float neg_m[2] = {m[0] == -INFINITY ? 0.0f : -m[0], m[1] == -INFINITY ? 0.0f : -m[1]};
+    sum[0] = sum[1] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float e2[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int i = 4 * j + 2 * h + e, k = 8 * j + 2 * c + e;
+          const bool ok = all_whole || (((tmask >> k) & 1ull) && k < (h ? vis1 : vis0) - pos0);
+          e2[e] = exp2f(fmaf(ok ? s[i] : -INFINITY, p.scale_log2, neg_m[h]));
+          sum[h] += e2[e];
+        }
+        out[j >> 1][2 * (j & 1) + h] = gp::pack_bf16x2(e2[0], e2[1]);
+      }
+    }
+  };
+  // P (A fragments) -> a 64 x 64 K-major swizzled block, as the A operand of an SS wgmma.
+  auto store_p = [&](uint8_t* dst, const uint32_t (&v)[4][4]) __attribute__((always_inline)) {
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        *reinterpret_cast<uint32_t*>(dst + sw128(r0 + 8 * (q & 1), 16 * kk + 8 * (q >> 1) + 2 * c)) = v[kk][q];
+      }
+    }
+    ptx::fence_proxy_async();
+  };
+  auto scale_o = [&](float a0, float a1) __attribute__((always_inline)) {
     if (__any_sync(0xFFFFFFFFu, a0 != 1.0f || a1 != 1.0f)) {
 #pragma unroll
       for (int j = 0; j < 32; ++j) {
@@ -342,52 +390,143 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
       }
     }
   };
-  // V of this warpgroup's 256 dims: column blocks 4 wg .. 4 wg + 3 (lbo 4 KB), k-step kk = tokens 16 kk.. (2 KB).
-  auto v_desc = [&](int st, int kk) {
-    return ptx::desc_sw128(ring_addr + st * kStageBytes + 4 * wg * kBlockBytes, kBlockBytes, 1024) + ((kk * 2048) >> 4);
-  };
+  // V of this warpgroup's 256 dims in stage st: column blocks 4 wg .. 4 wg + 3 (lbo 8 KB),
+  // k-step kk = tokens 16 kk .. (2 KB).
+  const uint64_t dv0 = ptx::desc_sw128(ring_addr + 4 * wg * kBlockBytes, kBlockBytes, 1024);
+  const uint64_t dv1 = ptx::desc_sw128(ring_addr + kStageBytes + 4 * wg * kBlockBytes, kBlockBytes, 1024);
+  const uint64_t dp0 = ptx::desc_sw128(gp::smem_addr(p0s), 16, 1024), dp1 = ptx::desc_sw128(gp::smem_addr(p1s), 16, 1024);
+  const int ra = r0, rb = r0 + 8;
 
-  // One step per tile t (P(t) ready): S(t + 1) out, O rescaled, P V(t) out; S(t + 1)'s
-  // exchange and softmax while P V(t) runs; the stage of t back once P V(t) completed.
-  // Nothing is in flight across steps, so ptxas sees every accumulator read after a
-  // wait that covers it (C7514 otherwise). P of even and odd tiles in two register sets
-  // (P V(t) reads one while the softmax writes the other; the loop runs in pairs). At the
-  // last tile the scores of tile t again (discarded): the same wgmma in every step.
-  if (n_tiles > 0) {
-    issue_scores(0);
+  if (n_steps > 0) {
+    scores_first(0, true);
+    scores_second(0, true);
     ptx::wg_wait<0>();
-    ptx::wg_hold16(s);
-    softmax(0, pa_even);
+    ptx::wg_hold32(s);
+    ptx::mbar_arrive(gp::smem_addr(&empty[kPartRope * kStages + wg]));
   }
-  auto step = [&](const int t, uint32_t(&pc)[2][4], uint32_t(&pn)[2][4]) __attribute__((always_inline)) {
-    if (t >= n_tiles) return;
-    const bool more = t + 1 < n_tiles;
-    issue_scores(more ? t + 1 : t);
-    scale_o(alpha[0], alpha[1]);
-    ptx::wg_fence();
+  for (int j = 0; j < n_steps; ++j) {
+    const bool more = j + 1 < n_steps;
+    const uint32_t ph = j & 1;
+    float mx[2], sum[2];
+    if (wg == 0) {
+      // ---- warpgroup 0: tile a = 2 j (stage 0) ----
+      const bool all_whole = mask_and_max(2 * j, mx);
+      float m0[2], a0[2];
 #pragma unroll
-    for (int kk = 0; kk < 2; ++kk) ptx::wgmma_n256_bf16_rs(o, pc[kk], v_desc(t % kStages, kk), 1);
-    ptx::wg_commit();
+      for (int h = 0; h < 2; ++h) {
+        m0[h] = fmaxf(m_run[h], mx[h]);
+        a0[h] = m0[h] == -INFINITY ? 1.0f : exp2f(m_run[h] - m0[h]);
+      }
+      if (c == 0) {
+        sm0[ra] = m0[0], ss0[ra] = a0[0];
+        sm0[rb] = m0[1], ss0[rb] = a0[1];
+      }
+      ptx::mbar_arrive(gp::smem_addr(m0_ready));
+      exp_pack(2 * j, all_whole, m0, pa, sum);
+      l_run[0] = l_run[0] * a0[0] + sum[0];
+      l_run[1] = l_run[1] * a0[1] + sum[1];
+      scale_o(a0[0], a0[1]);
+      ptx::wg_fence();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) ptx::wgmma_n256_bf16_rs(o, pa[kk], dv0 + ((kk * 2048) >> 4), 1);
+      ptx::wg_commit();
+      // m1 and e^(m0 - m1) from warpgroup 1; P_a rescaled to m1 for its O_R.
+      ptx::mbar_wait(gp::smem_addr(s1_ready), ph);
+      const float a1[2] = {ss1[ra], ss1[rb]};
+      m_run[0] = sm1[ra], m_run[1] = sm1[rb];
+      if (__any_sync(0xFFFFFFFFu, a1[0] != 1.0f || a1[1] != 1.0f)) {
+        // P_a against m1 straight from the scores (one bf16 rounding, as P_b's).
+        uint32_t ps[4][4];
+        float unused[2];
+        exp_pack(2 * j, all_whole, m_run, ps, unused);
+        store_p(p0s, ps);
+      } else {
+        store_p(p0s, pa);
+      }
+      ptx::mbar_arrive(gp::smem_addr(p0_ready));
+      l_run[0] *= a1[0], l_run[1] *= a1[1];
+      ptx::wg_wait<0>();
+      ptx::wg_hold128(o);
+      ptx::mbar_arrive(gp::smem_addr(&empty[kPartL * kStages + 0]));  // V_aL read
+      scale_o(a1[0], a1[1]);
+      // O_L += P_b V_bL (P_b from warpgroup 1, in shared memory).
+      ptx::mbar_wait(gp::smem_addr(p1_ready), ph);
+      ptx::mbar_wait(gp::smem_addr(&full[kPartL * kStages + 1]), ph);
+      ptx::wg_fence();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) ptx::wgmma_n256_bf16_ss(o, dp1 + ((kk * 32) >> 4), dv1 + ((kk * 2048) >> 4), 1);
+      ptx::wg_commit();
+    } else {
+      // ---- warpgroup 1: tile b = 2 j + 1 (stage 1; empty past an odd count) ----
+      const bool all_whole = mask_and_max(2 * j + 1, mx);
+      ptx::mbar_wait(gp::smem_addr(m0_ready), ph);
+      float m1[2], a1[2], a01[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = h ? rb : ra;
+        const float m0 = sm0[r], a0 = ss0[r];
+        m1[h] = fmaxf(m0, mx[h]);
+        a1[h] = m1[h] == -INFINITY ? 1.0f : exp2f(m0 - m1[h]);
+        a01[h] = a0 * a1[h];
+      }
+      if (c == 0) {
+        sm1[ra] = m1[0], ss1[ra] = a1[0];
+        sm1[rb] = m1[1], ss1[rb] = a1[1];
+      }
+      ptx::mbar_arrive(gp::smem_addr(s1_ready));
+      exp_pack(2 * j + 1, all_whole, m1, pa, sum);
+      l_run[0] = l_run[0] * a01[0] + sum[0];
+      l_run[1] = l_run[1] * a01[1] + sum[1];
+      m_run[0] = m1[0], m_run[1] = m1[1];
+      scale_o(a01[0], a01[1]);
+      ptx::wg_fence();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) ptx::wgmma_n256_bf16_rs(o, pa[kk], dv1 + ((kk * 2048) >> 4), 1);
+      ptx::wg_commit();
+      store_p(p1s, pa);
+      ptx::mbar_arrive(gp::smem_addr(p1_ready));
+      // O_R += (P_a e^(m0 - m1)) V_aR.
+      ptx::mbar_wait(gp::smem_addr(p0_ready), ph);
+      ptx::mbar_wait(gp::smem_addr(&full[kPartR * kStages + 0]), ph);
+      ptx::wg_fence();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) ptx::wgmma_n256_bf16_ss(o, dp0 + ((kk * 32) >> 4), dv0 + ((kk * 2048) >> 4), 1);
+      ptx::wg_commit();
+      ptx::wg_wait<1>();
+      ptx::mbar_arrive(gp::smem_addr(&empty[kPartR * kStages + 1]));  // V_bR read
+      ptx::wg_wait<0>();
+      ptx::wg_hold128(o);
+      ptx::mbar_arrive(gp::smem_addr(&empty[kPartR * kStages + 0]));  // V_aR read: warpgroup 0's next scores wait for it
+    }
+    // The next tile's scores (or a discarded repeat over the stage's current bytes).
+    // Warpgroup 0's P_b V_bL completes behind the first group, and V_bL goes back before
+    // the second group waits for V_aR (which warpgroup 1 released above), so neither
+    // warpgroup waits for a release the other makes after its own wait.
+    scores_first(j + 1, more);
     ptx::wg_wait<1>();
-    ptx::wg_hold16(s);
-    if (more) softmax(t + 1, pn);
+    if (wg == 0) ptx::mbar_arrive(gp::smem_addr(&empty[kPartL * kStages + 1]));
+    scores_second(j + 1, more);
     ptx::wg_wait<0>();
     ptx::wg_hold128(o);
-    ptx::wg_hold16(s);
-    __syncwarp();
-    if (lane == 0) ptx::mbar_arrive(gp::smem_addr(&empty[t % kStages]));
-  };
-  for (int t = 0; t < n_tiles; t += 2) {
-    step(t, pa_even, pa_odd);
-    step(t + 1, pa_odd, pa_even);
+    ptx::wg_hold32(s);
+    if (more) ptx::mbar_arrive(gp::smem_addr(&empty[kPartRope * kStages + wg]));  // its rope block
   }
-  // ---- finalize: every row's 256 dims of this warpgroup (both hold the same m and l) ----
+  // ---- finalize: both warpgroups hold O at the same maximum (m1 of the last step) ----
+  float lq[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float l = l_run[h];
     l += __shfl_xor_sync(0xFFFFFFFFu, l, 1);
     l += __shfl_xor_sync(0xFFFFFFFFu, l, 2);
-    const int r = r0 + 8 * h;
+    lq[h] = l;
+  }
+  if (c == 0) sl[wg * 64 + ra] = lq[0], sl[wg * 64 + rb] = lq[1];
+  ptx::mbar_arrive(gp::smem_addr(l_ready));
+  ptx::mbar_wait(gp::smem_addr(l_ready), 0);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = h ? rb : ra;
+    const float l = sl[r] + sl[64 + r];
     if (cw.row0 + r >= cw.rows_req) continue;
     const bool is_empty = l == 0.0f;
     const float inv_l = is_empty ? 0.0f : 1.0f / l;

@@ -19,7 +19,7 @@
 namespace mlakv::cuda::sm90 {
 
 inline constexpr int kNatRowsPerCta = 64;  // query rows per CTA
-inline constexpr int kNatTokenTile = 32;   // tokens per tile: split chunks are rounded up to it
+inline constexpr int kNatTokenTile = 64;   // tokens per tile: split chunks are rounded up to it
 
 // The cache geometries the kernel's TMA boxes cover: bf16 records, block sizes that are
 // a multiple of 64 or one of 8, 16, 32 (a box never crosses a page and lands on a 1 KB
