@@ -72,7 +72,7 @@ constexpr int kQBytes = kBlocks * kQBlockBytes;     // 72 KB
 constexpr int kStages = 2;
 constexpr int kConsumerWarps = 8;
 constexpr int kThreads = 32 * kConsumerWarps + 128;  // + the producer warpgroup
-constexpr int kConsumerRegs = 240, kProducerRegs = 32;
+constexpr int kConsumerRegs = 232, kProducerRegs = 32;  // (232 - 168) x 256 <= (168 - 32) x 128: the increase never waits
 // The three parts of a stage, each with its own full / empty barrier pair.
 constexpr int kPartRope = 0, kPartL = 1, kPartR = 2, kParts = 3;
 // misc: full[3][2], empty[3][2], then m0_ready, s1_ready, p0_ready, p1_ready, l_ready
