@@ -45,6 +45,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/common/cta_work.cuh"
 #include "cuda/sm80/attention/mma.cuh"  // mlakv::cuda::ptx::smem_addr, pack_bf16x2
@@ -102,6 +103,13 @@ __device__ __forceinline__ int64_t box_row(const AttentionParams& p, int b, int6
   if (raw < 0 || raw >= p.num_blocks) return -1;
   return static_cast<int64_t>(raw) * p.block_size + pos % p.block_size;
 }
+
+#ifndef MLAKV_NAT_TRACE
+#define MLAKV_NAT_TRACE 0
+#endif
+#if MLAKV_NAT_TRACE
+__device__ long long g_nat_trace[2][2][128][12];
+#endif
 
 }  // namespace nat
 
@@ -164,7 +172,10 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
     // V half of the warpgroup that computed the scores (its P V comes first).
     const int order[3] = {kPartRope, k == 0 ? kPartL : kPartR, k == 0 ? kPartR : kPartL};
     int64_t looked_up = -1;  // this lane's box of the current lookup round
-    for (int u = 0; 2 * u + k < 2 * n_steps; ++u) {
+#ifndef MLAKV_NAT_ABL
+#define MLAKV_NAT_ABL 0
+#endif
+    for (int u = 0; 2 * u + k < 2 * n_steps && (MLAKV_NAT_ABL != 1 || u == 0); ++u) {
       const int t = 2 * u + k;
       const int64_t pos0 = begin + static_cast<int64_t>(t) * kTile;
       const int ur = u % tiles_per_lookup;
@@ -316,9 +327,11 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
     ptx::wg_commit();
   };
   // The tile of step j whose scores are in s: the V rows of its masked tokens zeroed (both
-  // halves: nobody reads them before this warpgroup's hand-off), masked scores -> -inf
-  // (returned as the row maxima of the rest, log2 domain).
-  auto mask_and_max = [&](int t, float (&mx)[2]) __attribute__((always_inline)) {
+  // halves: nobody reads them before this warpgroup's hand-off); returns whether the warp
+  // sees every score of the tile (the common case: no masking code runs), else sets okb
+  // (bit i: score s[i] counts).
+  uint32_t okb = ~0u;
+  auto mask_tile = [&](int t) __attribute__((always_inline)) {
     const int64_t pos0 = begin + static_cast<int64_t>(t) * kTile;
     const bool whole = tmask == ~0ull && vis0 - pos0 >= kTile && vis1 - pos0 >= kTile;
     if (tmask != ~0ull) {
@@ -331,44 +344,59 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
       ptx::named_barrier(kBarWg + wg, 128);
     }
     const bool all_whole = __all_sync(0xFFFFFFFFu, whole);
+    if (!all_whole) {
+      okb = 0;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float v = -INFINITY;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int i = 4 * j + 2 * h + e, k = 8 * j + 2 * c + e;
-          const bool ok = all_whole || (((tmask >> k) & 1ull) && k < (h ? vis1 : vis0) - pos0);
-          v = fmaxf(v, ok ? s[i] : -INFINITY);
-        }
+      for (int i = 0; i < 32; ++i) {
+        const int k = 8 * (i >> 2) + 2 * c + (i & 1);
+        const bool ok = ((tmask >> k) & 1ull) && k < (((i >> 1) & 1) ? vis1 : vis0) - pos0;
+        okb |= static_cast<uint32_t>(ok) << i;
       }
-      v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 1));
-      v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 2));
-      mx[h] = v * p.scale_log2;
     }
     return all_whole;
   };
-  // P = exp2(s scale_log2 - m) of the unmasked scores (0 elsewhere) into pa; the row sums.
-  auto exp_pack = [&](int t, bool all_whole, const float (&m)[2], uint32_t (&out)[4][4], float (&sum)[2]) __attribute__((always_inline)) {
-    const int64_t pos0 = begin + static_cast<int64_t>(t) * kTile;
+  // Score i, or -inf where masked (kMasked: the warp's tile is not whole).
+  auto score = [&](auto masked, int i) __attribute__((always_inline)) {
+    if constexpr (decltype(masked)::value) return ((okb >> i) & 1u) ? s[i] : -INFINITY;
+    else return s[i];
+  };
+  // The row maxima of the (unmasked) scores, log2 domain (scale_log2 > 0 keeps the order).
+  auto row_max = [&](auto masked, float (&mx)[2]) __attribute__((always_inline)) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float v[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) v[j] = fmaxf(score(masked, 4 * j + 2 * h), score(masked, 4 * j + 2 * h + 1));
+      const float m = fmaxf(fmaxf(fmaxf(v[0], v[1]), fmaxf(v[2], v[3])), fmaxf(fmaxf(v[4], v[5]), fmaxf(v[6], v[7])));
+      float x = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, 1));
+      x = fmaxf(x, __shfl_xor_sync(0xFFFFFFFFu, x, 2));
+      mx[h] = x * p.scale_log2;
+    }
+  };
+  // P = exp2(s scale_log2 - m) (0 where masked) as bf16 A fragments into out; the row sums
+  // of the unrounded P when `sum` is given.
+  auto exp_pack = [&](auto masked, const float (&m)[2], uint32_t (&out)[4][4], float* sum) __attribute__((always_inline)) {
     const float neg_m[2] = {m[0] == -INFINITY ? 0.0f : -m[0], m[1] == -INFINITY ? 0.0f : -m[1]};
-    sum[0] = sum[1] = 0.0f;
+    float acc[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        float e2[2];
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int i = 4 * j + 2 * h + e, k = 8 * j + 2 * c + e;
-          const bool ok = all_whole || (((tmask >> k) & 1ull) && k < (h ? vis1 : vis0) - pos0);
-          e2[e] = exp2f(fmaf(ok ? s[i] : -INFINITY, p.scale_log2, neg_m[h]));
-          sum[h] += e2[e];
-        }
-        out[j >> 1][2 * (j & 1) + h] = gp::pack_bf16x2(e2[0], e2[1]);
+        const float e0 = ptx::ex2_ftz(fmaf(score(masked, 4 * j + 2 * h), p.scale_log2, neg_m[h]));
+        const float e1 = ptx::ex2_ftz(fmaf(score(masked, 4 * j + 2 * h + 1), p.scale_log2, neg_m[h]));
+        acc[h][j & 1] += e0 + e1;
+        out[j >> 1][2 * (j & 1) + h] = gp::pack_bf16x2(e0, e1);
       }
     }
+    if (sum != nullptr) sum[0] = acc[0][0] + acc[0][1], sum[1] = acc[1][0] + acc[1][1];
+  };
+  auto softmax_max = [&](bool all_whole, float (&mx)[2]) __attribute__((always_inline)) {
+    if (all_whole) row_max(std::false_type{}, mx);
+    else row_max(std::true_type{}, mx);
+  };
+  auto softmax_exp = [&](bool all_whole, const float (&m)[2], uint32_t (&out)[4][4], float* sum) __attribute__((always_inline)) {
+    if (all_whole) exp_pack(std::false_type{}, m, out, sum);
+    else exp_pack(std::true_type{}, m, out, sum);
   };
   // P (A fragments) -> a 64 x 64 K-major swizzled block, as the A operand of an SS wgmma.
   auto store_p = [&](uint8_t* dst, const uint32_t (&v)[4][4]) __attribute__((always_inline)) {
@@ -404,13 +432,21 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
     ptx::wg_hold32(s);
     ptx::mbar_arrive(gp::smem_addr(&empty[kPartRope * kStages + wg]));
   }
+#if MLAKV_NAT_TRACE
+  const int tr_cta = (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0) ? 0 : ((blockIdx.x == 1 && blockIdx.y == 60 && blockIdx.z == 0) ? 1 : -1);
+#define NAT_TR(k) do { if (tr_cta >= 0 && (ctid & 127) == 0 && j < 128) g_nat_trace[tr_cta][wg][j][k] = clock64(); } while (0)
+#else
+#define NAT_TR(k) do { } while (0)
+#endif
   for (int j = 0; j < n_steps; ++j) {
+    NAT_TR(0);
     const bool more = j + 1 < n_steps;
     const uint32_t ph = j & 1;
     float mx[2], sum[2];
     if (wg == 0) {
       // ---- warpgroup 0: tile a = 2 j (stage 0) ----
-      const bool all_whole = mask_and_max(2 * j, mx);
+      const bool all_whole = mask_tile(2 * j);
+      softmax_max(all_whole, mx);
       float m0[2], a0[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -422,7 +458,8 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
         sm0[rb] = m0[1], ss0[rb] = a0[1];
       }
       ptx::mbar_arrive(gp::smem_addr(m0_ready));
-      exp_pack(2 * j, all_whole, m0, pa, sum);
+      NAT_TR(1);
+      softmax_exp(all_whole, m0, pa, sum);
       l_run[0] = l_run[0] * a0[0] + sum[0];
       l_run[1] = l_run[1] * a0[1] + sum[1];
       scale_o(a0[0], a0[1]);
@@ -430,36 +467,44 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) ptx::wgmma_n256_bf16_rs(o, pa[kk], dv0 + ((kk * 2048) >> 4), 1);
       ptx::wg_commit();
+      NAT_TR(2);
       // m1 and e^(m0 - m1) from warpgroup 1; P_a rescaled to m1 for its O_R.
       ptx::mbar_wait(gp::smem_addr(s1_ready), ph);
+      NAT_TR(3);
       const float a1[2] = {ss1[ra], ss1[rb]};
       m_run[0] = sm1[ra], m_run[1] = sm1[rb];
       if (__any_sync(0xFFFFFFFFu, a1[0] != 1.0f || a1[1] != 1.0f)) {
         // P_a against m1 straight from the scores (one bf16 rounding, as P_b's).
         uint32_t ps[4][4];
-        float unused[2];
-        exp_pack(2 * j, all_whole, m_run, ps, unused);
+        softmax_exp(all_whole, m_run, ps, nullptr);
         store_p(p0s, ps);
       } else {
         store_p(p0s, pa);
       }
       ptx::mbar_arrive(gp::smem_addr(p0_ready));
+      NAT_TR(4);
       l_run[0] *= a1[0], l_run[1] *= a1[1];
       ptx::wg_wait<0>();
+      NAT_TR(5);
       ptx::wg_hold128(o);
       ptx::mbar_arrive(gp::smem_addr(&empty[kPartL * kStages + 0]));  // V_aL read
       scale_o(a1[0], a1[1]);
       // O_L += P_b V_bL (P_b from warpgroup 1, in shared memory).
       ptx::mbar_wait(gp::smem_addr(p1_ready), ph);
-      ptx::mbar_wait(gp::smem_addr(&full[kPartL * kStages + 1]), ph);
+      NAT_TR(6);
+      if (MLAKV_NAT_ABL != 1 || j == 0) ptx::mbar_wait(gp::smem_addr(&full[kPartL * kStages + 1]), ph);
+      NAT_TR(7);
       ptx::wg_fence();
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) ptx::wgmma_n256_bf16_ss(o, dp1 + ((kk * 32) >> 4), dv1 + ((kk * 2048) >> 4), 1);
       ptx::wg_commit();
     } else {
       // ---- warpgroup 1: tile b = 2 j + 1 (stage 1; empty past an odd count) ----
-      const bool all_whole = mask_and_max(2 * j + 1, mx);
+      const bool all_whole = mask_tile(2 * j + 1);
+      softmax_max(all_whole, mx);
+      NAT_TR(1);
       ptx::mbar_wait(gp::smem_addr(m0_ready), ph);
+      NAT_TR(2);
       float m1[2], a1[2], a01[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -474,7 +519,7 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
         sm1[rb] = m1[1], ss1[rb] = a1[1];
       }
       ptx::mbar_arrive(gp::smem_addr(s1_ready));
-      exp_pack(2 * j + 1, all_whole, m1, pa, sum);
+      softmax_exp(all_whole, m1, pa, sum);
       l_run[0] = l_run[0] * a01[0] + sum[0];
       l_run[1] = l_run[1] * a01[1] + sum[1];
       m_run[0] = m1[0], m_run[1] = m1[1];
@@ -483,11 +528,15 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) ptx::wgmma_n256_bf16_rs(o, pa[kk], dv1 + ((kk * 2048) >> 4), 1);
       ptx::wg_commit();
+      NAT_TR(3);
       store_p(p1s, pa);
       ptx::mbar_arrive(gp::smem_addr(p1_ready));
+      NAT_TR(4);
       // O_R += (P_a e^(m0 - m1)) V_aR.
       ptx::mbar_wait(gp::smem_addr(p0_ready), ph);
-      ptx::mbar_wait(gp::smem_addr(&full[kPartR * kStages + 0]), ph);
+      NAT_TR(5);
+      if (MLAKV_NAT_ABL != 1 || j == 0) ptx::mbar_wait(gp::smem_addr(&full[kPartR * kStages + 0]), ph);
+      NAT_TR(6);
       ptx::wg_fence();
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) ptx::wgmma_n256_bf16_ss(o, dp0 + ((kk * 32) >> 4), dv0 + ((kk * 2048) >> 4), 1);
@@ -495,6 +544,7 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
       ptx::wg_wait<1>();
       ptx::mbar_arrive(gp::smem_addr(&empty[kPartR * kStages + 1]));  // V_bR read
       ptx::wg_wait<0>();
+      NAT_TR(7);
       ptx::wg_hold128(o);
       ptx::mbar_arrive(gp::smem_addr(&empty[kPartR * kStages + 0]));  // V_aR read: warpgroup 0's next scores wait for it
     }
@@ -502,15 +552,29 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
     // Warpgroup 0's P_b V_bL completes behind the first group, and V_bL goes back before
     // the second group waits for V_aR (which warpgroup 1 released above), so neither
     // warpgroup waits for a release the other makes after its own wait.
-    scores_first(j + 1, more);
+    scores_first(j + 1, more && MLAKV_NAT_ABL != 1);
+    NAT_TR(8);
     ptx::wg_wait<1>();
+    NAT_TR(9);
     if (wg == 0) ptx::mbar_arrive(gp::smem_addr(&empty[kPartL * kStages + 1]));
-    scores_second(j + 1, more);
+    scores_second(j + 1, more && MLAKV_NAT_ABL != 1);
+    NAT_TR(10);
     ptx::wg_wait<0>();
+    NAT_TR(11);
     ptx::wg_hold128(o);
     ptx::wg_hold32(s);
     if (more) ptx::mbar_arrive(gp::smem_addr(&empty[kPartRope * kStages + wg]));  // its rope block
   }
+#undef NAT_TR
+#if MLAKV_NAT_TRACE
+  if (tr_cta >= 0 && ctid == 128 * wg) {
+    for (int jj = 0; jj < n_steps && jj < 128; ++jj) {
+      const long long* e = g_nat_trace[tr_cta][wg][jj];
+      printf("TRACE cta%d wg%d step %d: %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld\n", tr_cta, wg, jj, e[0] - g_nat_trace[tr_cta][0][0][0],
+             e[1] - e[0], e[2] - e[0], e[3] - e[0], e[4] - e[0], e[5] - e[0], e[6] - e[0], e[7] - e[0], e[8] - e[0], e[9] - e[0], e[10] - e[0], e[11] - e[0]);
+    }
+  }
+#endif
   // ---- finalize: both warpgroups hold O at the same maximum (m1 of the last step) ----
   float lq[2];
 #pragma unroll

@@ -33,6 +33,14 @@ __device__ __forceinline__ void prefetch_tensormap(const void* tmap) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(tmap)) : "memory");
 }
 
+// 2^x (MUFU.EX2, subnormal results flushed to zero: a softmax weight below 2^-126 is
+// negligible next to the row maximum's weight 1 in every sum it enters).
+__device__ __forceinline__ float ex2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // Matrix descriptor of a 128-byte swizzled canonical layout (bits 62-63 = 1): rows of 128
 // B, 8-row groups 1024 B apart (sbo), atoms 1024-byte aligned (base offset 0). K-major
 // (Q, K, P): lbo unused (1); a k16 step advances the start address by 32 B inside the
