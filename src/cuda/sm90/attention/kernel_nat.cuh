@@ -175,9 +175,7 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
 #ifndef MLAKV_NAT_ABL
 #define MLAKV_NAT_ABL 0
 #endif
-#ifndef MLAKV_NAT_PREFETCH
-#define MLAKV_NAT_PREFETCH 1
-#endif
+
     for (int u = 0; 2 * u + k < 2 * n_steps && (MLAKV_NAT_ABL != 1 || u == 0); ++u) {
       const int t = 2 * u + k;
       const int64_t pos0 = begin + static_cast<int64_t>(t) * kTile;
@@ -185,15 +183,6 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
       if (ur == 0) {
         const int64_t pos = pos0 + static_cast<int64_t>(lane / n_box) * 2 * kTile + static_cast<int64_t>(lane % n_box) * br;
         looked_up = pos < end ? box_row(p, b, pos) : -1;
-      }
-      // The tile after this one in the stage into L2 first: its load waits for this one's
-      // release, and from L2 it lands in a fraction of the DRAM latency.
-      if (MLAKV_NAT_PREFETCH && lane < n_box && 2 * (u + 1) + k < 2 * n_steps) {
-        const int64_t pos = pos0 + 2 * kTile + static_cast<int64_t>(lane) * br;
-        const int64_t prow = pos < end ? box_row(p, b, pos) : -1;
-        if (prow >= 0) {
-          for (int x = 0; x < kBlocks; ++x) ptx::tma_prefetch_l2_2d(&tmap, 64 * x, static_cast<int>(prow));
-        }
       }
       const int64_t got = __shfl_sync(0xFFFFFFFFu, looked_up, ur * n_box + (lane < n_box ? lane : 0));
       const int64_t row = lane < n_box ? got : -1;
