@@ -42,10 +42,7 @@ struct CtaWork {
 };
 
 // kGranule: split chunks are ceil(n / num_splits) rounded up to it (1: not rounded).
-// kGroup: the CTAs of kGroup consecutive row blocks (a thread-block cluster sharing each
-// KV tile) take the same token range, that of the group's last row; rows that see fewer
-// tokens mask the rest.
-template <int kRowsPerCta, int kGranule, int kTile, int kGroup = 1>
+template <int kRowsPerCta, int kGranule, int kTile>
 __device__ __forceinline__ CtaWork cta_work(const kernels::AttentionParams& p) {
   CtaWork w;
   const int split = blockIdx.z;
@@ -65,8 +62,7 @@ __device__ __forceinline__ CtaWork cta_work(const kernels::AttentionParams& p) {
     n_max = p.topk;
     if (p.topk_length != nullptr) n_max = std::clamp<int64_t>(p.topk_length[w.b * p.tl_s0], 0, n_max);
   } else {
-    const int group_end = (static_cast<int>(blockIdx.x) / kGroup + 1) * kGroup * kRowsPerCta;
-    const int last_row = std::min(group_end, w.rows_req) - 1;
+    const int last_row = std::min(w.row0 + kRowsPerCta, w.rows_req) - 1;
     const int i_last = last_row / p.H;
     n_max = p.causal ? std::min<int64_t>(w.seqlen, std::max<int64_t>(0, w.seqlen - p.s_q + i_last + 1)) : w.seqlen;
   }

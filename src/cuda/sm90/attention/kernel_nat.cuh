@@ -113,11 +113,6 @@ __device__ long long g_nat_trace[2][2][128][12];
 
 }  // namespace nat
 
-// kCluster 2: the CTAs of two consecutive row blocks (the same request and split) form a
-// cluster; each CTA's producers load half of every tile part and multicast it into both
-// CTAs' shared memory, so each KV byte crosses from L2 once per pair (the loads are bound by
-// L2-to-SM bandwidth, docs/perf.md); a part is reloaded once both CTAs released it.
-template <int kCluster>
 __global__ void __launch_bounds__(nat::kThreads, 1)
     attention_nat_kernel(const __grid_constant__ kernels::AttentionParams p, const __grid_constant__ CUtensorMap tmap) {
 #if MLAKV_SM90_DEVICE
@@ -147,7 +142,7 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int split = blockIdx.z;
-  const CtaWork cw = cta_work<kRows, kTile, kTile, kCluster>(p);
+  const CtaWork cw = cta_work<kRows, kTile, kTile>(p);
   const int b = cw.b;
   const int64_t begin = cw.begin, end = cw.end;
   const int n_tiles = cw.n_tiles;
@@ -156,34 +151,17 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
   if (tid == 0) {
     for (int i = 0; i < kParts * kStages; ++i) {
       ptx::mbar_init(gp::smem_addr(&full[i]), 1);
-      ptx::mbar_init(gp::smem_addr(&empty[i]), 128 * kCluster);
+      ptx::mbar_init(gp::smem_addr(&empty[i]), 128);
     }
     for (uint64_t* bar = m0_ready; bar != l_ready; ++bar) ptx::mbar_init(gp::smem_addr(bar), 128);
     ptx::mbar_init(gp::smem_addr(l_ready), 256);
     ptx::mbar_init_fence();
   }
-  if constexpr (kCluster > 1) {
-    ptx::cluster_sync();  // the peer's barriers exist before anything multicasts or arrives into them
-  } else {
-    __syncthreads();
-  }
-  const uint32_t rank = kCluster > 1 ? ptx::cluster_ctarank() : 0u;
-  // A tile part goes back to the producers of every CTA of the cluster.
-  auto release = [&](uint64_t* bar) __attribute__((always_inline)) {
-    if constexpr (kCluster > 1) {
-      ptx::mbar_arrive_cluster(gp::smem_addr(bar), 0);
-      ptx::mbar_arrive_cluster(gp::smem_addr(bar), 1);
-    } else {
-      ptx::mbar_arrive(gp::smem_addr(bar));
-    }
-  };
+  __syncthreads();
 
   if (warp >= kConsumerWarps) {
     ptx::setmaxnreg_dec<kProducerRegs>();
-  }
-  if (warp >= kConsumerWarps + kStages) {
-    // idle: only the cluster's final barrier
-  } else if (warp >= kConsumerWarps) {
+    if (warp >= kConsumerWarps + kStages) return;
     // ---- producer of stage k: one lane per box of the tile ----
     const int k = warp - kConsumerWarps;
     const int br = p.block_size < kTile ? p.block_size : kTile;  // box rows (launch_nat.h: 8, 16, 32 or 64)
@@ -222,13 +200,7 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
 #pragma unroll
       for (int o = 0; o < 3; ++o) {
         const int part = order[o];
-        if (u >= 1) {
-          if constexpr (kCluster > 1) {
-            ptx::mbar_wait_cluster(gp::smem_addr(&empty[part * kStages + k]), (u - 1) & 1);
-          } else {
-            ptx::mbar_wait(gp::smem_addr(&empty[part * kStages + k]), (u - 1) & 1);
-          }
-        }
+        if (u >= 1) ptx::mbar_wait(gp::smem_addr(&empty[part * kStages + k]), (u - 1) & 1);
         const uint32_t bar = gp::smem_addr(&full[part * kStages + k]);
         const int nb = part == kPartRope ? 1 : 4;
         const int blk0 = part == kPartRope ? 8 : (part == kPartL ? 0 : 4);
@@ -239,19 +211,13 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
         __syncwarp();
         if (row >= 0) {
           for (int x = 0; x < nb; ++x) {
-            const uint32_t d = dst + (blk0 + x) * kBlockBytes;
-            if constexpr (kCluster > 1) {
-              // This CTA's half: V blocks of its parity; the rope block's boxes of its parity (or rank 0's one box).
-              const bool mine = nb > 1 ? (x & 1) == static_cast<int>(rank) : (n_box > 1 ? (lane & 1) == static_cast<int>(rank) : rank == 0);
-              if (mine) ptx::tma_load_2d_multicast(d, &tmap, 64 * (blk0 + x), static_cast<int>(row), bar, 0x3);
-            } else {
-              ptx::tma_load_2d(d, &tmap, 64 * (blk0 + x), static_cast<int>(row), bar);
-            }
+            ptx::tma_load_2d(dst + (blk0 + x) * kBlockBytes, &tmap, 64 * (blk0 + x), static_cast<int>(row), bar);
           }
         }
       }
     }
-  } else {
+    return;
+  }
   ptx::setmaxnreg_inc<kConsumerRegs>();
 
   // wg through a shuffle from lane 0: ptxas then knows it is warp-uniform and keeps the
@@ -465,9 +431,7 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
     scores_second(0, true);
     ptx::wg_wait<0>();
     ptx::wg_hold32(s);
-    // A release only where the stage has a later tile (in a cluster every arrival must be
-    // waited for before the CTAs exit).
-    if (n_steps > 1) release(&empty[kPartRope * kStages + wg]);
+    ptx::mbar_arrive(gp::smem_addr(&empty[kPartRope * kStages + wg]));
   }
 #if MLAKV_NAT_TRACE
   const int tr_cta = (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0) ? 0 : ((blockIdx.x == 1 && blockIdx.y == 60 && blockIdx.z == 0) ? 1 : -1);
@@ -524,7 +488,7 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
       ptx::wg_wait<0>();
       NAT_TR(5);
       ptx::wg_hold128(o);
-      if (more) release(&empty[kPartL * kStages + 0]);  // V_aL read
+      ptx::mbar_arrive(gp::smem_addr(&empty[kPartL * kStages + 0]));  // V_aL read
       scale_o(a1[0], a1[1]);
       // O_L += P_b V_bL (P_b from warpgroup 1, in shared memory).
       ptx::mbar_wait(gp::smem_addr(p1_ready), ph);
@@ -579,11 +543,11 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
       for (int kk = 0; kk < 4; ++kk) ptx::wgmma_n256_bf16_ss(o, dp0 + ((kk * 32) >> 4), dv0 + ((kk * 2048) >> 4), 1);
       ptx::wg_commit();
       ptx::wg_wait<1>();
-      if (more) release(&empty[kPartR * kStages + 1]);  // V_bR read
+      ptx::mbar_arrive(gp::smem_addr(&empty[kPartR * kStages + 1]));  // V_bR read
       ptx::wg_wait<0>();
       NAT_TR(7);
       ptx::wg_hold128(o);
-      if (more) release(&empty[kPartR * kStages + 0]);  // V_aR read: warpgroup 0's next scores wait for it
+      ptx::mbar_arrive(gp::smem_addr(&empty[kPartR * kStages + 0]));  // V_aR read: warpgroup 0's next scores wait for it
     }
     // The next tile's scores (or a discarded repeat over the stage's current bytes).
     // Warpgroup 0's P_b V_bL completes behind the first group, and V_bL goes back before
@@ -593,14 +557,14 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
     NAT_TR(8);
     ptx::wg_wait<1>();
     NAT_TR(9);
-    if (wg == 0 && more) release(&empty[kPartL * kStages + 1]);
+    if (wg == 0) ptx::mbar_arrive(gp::smem_addr(&empty[kPartL * kStages + 1]));
     scores_second(j + 1, more && MLAKV_NAT_ABL != 1);
     NAT_TR(10);
     ptx::wg_wait<0>();
     NAT_TR(11);
     ptx::wg_hold128(o);
     ptx::wg_hold32(s);
-    if (j + 2 < n_steps) release(&empty[kPartRope * kStages + wg]);  // its rope block
+    if (more) ptx::mbar_arrive(gp::smem_addr(&empty[kPartRope * kStages + wg]));  // its rope block
   }
 #undef NAT_TR
 #if MLAKV_NAT_TRACE
@@ -648,8 +612,6 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
       }
     }
   }
-  }  // consumers
-  if constexpr (kCluster > 1) ptx::cluster_sync();  // nothing arrives into or lands in an exited CTA
 #endif  // MLAKV_SM90_DEVICE
 }
 

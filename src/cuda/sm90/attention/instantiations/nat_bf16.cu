@@ -34,17 +34,14 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 
 int configure_attention_nat(KvFormat format, int /*record_bytes*/) {
   if (format != KvFormat::kBf16) return static_cast<int>(cudaErrorInvalidValue);
-  cudaError_t e = cudaFuncSetAttribute(attention_nat_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, nat::kSmemBytes);
-  if (e == cudaSuccess) {
-    e = cudaFuncSetAttribute(attention_nat_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, nat::kSmemBytes);
-  }
-  return static_cast<int>(e);
+  return static_cast<int>(
+      cudaFuncSetAttribute(attention_nat_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, nat::kSmemBytes));
 }
 
 int attention_nat_ctas_per_sm(KvFormat format, int record_bytes) {
   if (configure_attention_nat(format, record_bytes) != 0) return 0;
   int n = 0;
-  const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attention_nat_kernel<1>, nat::kThreads, nat::kSmemBytes);
+  const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attention_nat_kernel, nat::kThreads, nat::kSmemBytes);
   return e == cudaSuccess ? n : 0;
 }
 
@@ -67,24 +64,8 @@ int launch_attention_nat(KvFormat format, const kernels::AttentionParams& kp, in
                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) return static_cast<int>(cudaErrorInvalidValue);
   const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(kp.B), static_cast<unsigned>(kp.num_splits));
-  if (row_blocks % 2 != 0) {  // one row block per request (H s_q <= 64) or an odd count: CTAs alone
-    attention_nat_kernel<1><<<grid, nat::kThreads, nat::kSmemBytes, static_cast<cudaStream_t>(stream)>>>(kp, map);
-    return static_cast<int>(cudaGetLastError());
-  }
-  // Pairs of row blocks of one request and split as two-CTA clusters sharing each KV tile.
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(nat::kThreads);
-  cfg.dynamicSmemBytes = nat::kSmemBytes;
-  cfg.stream = static_cast<cudaStream_t>(stream);
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 2;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return static_cast<int>(cudaLaunchKernelEx(&cfg, attention_nat_kernel<2>, kp, map));
+  attention_nat_kernel<<<grid, nat::kThreads, nat::kSmemBytes, static_cast<cudaStream_t>(stream)>>>(kp, map);
+  return static_cast<int>(cudaGetLastError());
 }
 
 }  // namespace mlakv::cuda::sm90
