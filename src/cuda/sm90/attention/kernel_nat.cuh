@@ -85,6 +85,10 @@ constexpr int kSmemBytes = 1024 + kQBytes + kQBlockBytes + kStages * kStageBytes
 static_assert(kSmemBytes <= 227 * 1024, "one CTA per SM");
 static_assert(kTile == 64, "the validity mask and the fragments assume 64-token tiles");
 constexpr float kLn2 = 0.6931471805599453f;
+// The lazy maximum: a row's reference maximum moves only when a tile's exceeds it by more
+// than kLazy (log2 units), so P <= 2^kLazy and O, l rescale only then (P / l and the LSE
+// m + log2 l do not depend on which reference m is used).
+constexpr float kLazy = 8.0f;
 constexpr int kBarWg = 3, kBarAll = 5;  // named barriers: 3 + k = warpgroup k alone (128), 5 = both (after Q)
 
 // Byte offset of (row r, element k) inside a block of 64-element (128-byte) rows of the
@@ -211,7 +215,15 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
         __syncwarp();
         if (row >= 0) {
           for (int x = 0; x < nb; ++x) {
+#ifndef MLAKV_NAT_HINT
+#define MLAKV_NAT_HINT 0
+#endif
+#if MLAKV_NAT_HINT == 0
             ptx::tma_load_2d(dst + (blk0 + x) * kBlockBytes, &tmap, 64 * (blk0 + x), static_cast<int>(row), bar);
+#else
+            ptx::tma_load_2d_hint(dst + (blk0 + x) * kBlockBytes, &tmap, 64 * (blk0 + x), static_cast<int>(row), bar,
+                                  MLAKV_NAT_HINT == 1 ? ptx::l2_policy_evict_first() : ptx::l2_policy_evict_last());
+#endif
           }
         }
       }
@@ -451,8 +463,8 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
       float m0[2], a0[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        m0[h] = fmaxf(m_run[h], mx[h]);
-        a0[h] = m0[h] == -INFINITY ? 1.0f : exp2f(m_run[h] - m0[h]);
+        m0[h] = mx[h] > m_run[h] + kLazy ? mx[h] : m_run[h];
+        a0[h] = m0[h] == m_run[h] ? 1.0f : exp2f(m_run[h] - m0[h]);
       }
       if (c == 0) {
         sm0[ra] = m0[0], ss0[ra] = a0[0];
@@ -511,8 +523,8 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
       for (int h = 0; h < 2; ++h) {
         const int r = h ? rb : ra;
         const float m0 = sm0[r], a0 = ss0[r];
-        m1[h] = fmaxf(m0, mx[h]);
-        a1[h] = m1[h] == -INFINITY ? 1.0f : exp2f(m0 - m1[h]);
+        m1[h] = mx[h] > m0 + kLazy ? mx[h] : m0;
+        a1[h] = m1[h] == m0 ? 1.0f : exp2f(m0 - m1[h]);
         a01[h] = a0 * a1[h];
       }
       if (c == 0) {
