@@ -28,6 +28,9 @@
 //          warpgroups hold it in registers)
 //      [1] O_R += (P_a e^(m0 - m1)) V_aR
 //    so each warpgroup's softmax runs while the other's wgmmas keep the tensor cores busy.
+//    The maxima are lazy (kLazy): a row's reference moves only when a tile's maximum
+//    passes it by more than 2^8, so the rescales of O and P_a are rare after the first
+//    tiles.
 //    The warpgroup that computed a tile's scores zeroes the V rows of its masked tokens
 //    (NaN-poisoned slots may sit there: 0 * NaN would reach O) before either P V reads
 //    them. Every cross-warpgroup hand-off is an mbarrier that all 128 threads of the
@@ -108,13 +111,6 @@ __device__ __forceinline__ int64_t box_row(const AttentionParams& p, int b, int6
   return static_cast<int64_t>(raw) * p.block_size + pos % p.block_size;
 }
 
-#ifndef MLAKV_NAT_TRACE
-#define MLAKV_NAT_TRACE 0
-#endif
-#if MLAKV_NAT_TRACE
-__device__ long long g_nat_trace[2][2][128][12];
-#endif
-
 }  // namespace nat
 
 __global__ void __launch_bounds__(nat::kThreads, 1)
@@ -176,11 +172,8 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
     // V half of the warpgroup that computed the scores (its P V comes first).
     const int order[3] = {kPartRope, k == 0 ? kPartL : kPartR, k == 0 ? kPartR : kPartL};
     int64_t looked_up = -1;  // this lane's box of the current lookup round
-#ifndef MLAKV_NAT_ABL
-#define MLAKV_NAT_ABL 0
-#endif
 
-    for (int u = 0; 2 * u + k < 2 * n_steps && (MLAKV_NAT_ABL != 1 || u == 0); ++u) {
+    for (int u = 0; 2 * u + k < 2 * n_steps; ++u) {
       const int t = 2 * u + k;
       const int64_t pos0 = begin + static_cast<int64_t>(t) * kTile;
       const int ur = u % tiles_per_lookup;
@@ -215,15 +208,7 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
         __syncwarp();
         if (row >= 0) {
           for (int x = 0; x < nb; ++x) {
-#ifndef MLAKV_NAT_HINT
-#define MLAKV_NAT_HINT 0
-#endif
-#if MLAKV_NAT_HINT == 0
             ptx::tma_load_2d(dst + (blk0 + x) * kBlockBytes, &tmap, 64 * (blk0 + x), static_cast<int>(row), bar);
-#else
-            ptx::tma_load_2d_hint(dst + (blk0 + x) * kBlockBytes, &tmap, 64 * (blk0 + x), static_cast<int>(row), bar,
-                                  MLAKV_NAT_HINT == 1 ? ptx::l2_policy_evict_first() : ptx::l2_policy_evict_last());
-#endif
           }
         }
       }
@@ -445,14 +430,7 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
     ptx::wg_hold32(s);
     ptx::mbar_arrive(gp::smem_addr(&empty[kPartRope * kStages + wg]));
   }
-#if MLAKV_NAT_TRACE
-  const int tr_cta = (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0) ? 0 : ((blockIdx.x == 1 && blockIdx.y == 60 && blockIdx.z == 0) ? 1 : -1);
-#define NAT_TR(k) do { if (tr_cta >= 0 && (ctid & 127) == 0 && j < 128) g_nat_trace[tr_cta][wg][j][k] = clock64(); } while (0)
-#else
-#define NAT_TR(k) do { } while (0)
-#endif
   for (int j = 0; j < n_steps; ++j) {
-    NAT_TR(0);
     const bool more = j + 1 < n_steps;
     const uint32_t ph = j & 1;
     float mx[2], sum[2];
@@ -471,7 +449,6 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
         sm0[rb] = m0[1], ss0[rb] = a0[1];
       }
       ptx::mbar_arrive(gp::smem_addr(m0_ready));
-      NAT_TR(1);
       softmax_exp(all_whole, m0, pa, sum);
       l_run[0] = l_run[0] * a0[0] + sum[0];
       l_run[1] = l_run[1] * a0[1] + sum[1];
@@ -480,10 +457,8 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) ptx::wgmma_n256_bf16_rs(o, pa[kk], dv0 + ((kk * 2048) >> 4), 1);
       ptx::wg_commit();
-      NAT_TR(2);
       // m1 and e^(m0 - m1) from warpgroup 1; P_a rescaled to m1 for its O_R.
       ptx::mbar_wait(gp::smem_addr(s1_ready), ph);
-      NAT_TR(3);
       const float a1[2] = {ss1[ra], ss1[rb]};
       m_run[0] = sm1[ra], m_run[1] = sm1[rb];
       if (__any_sync(0xFFFFFFFFu, a1[0] != 1.0f || a1[1] != 1.0f)) {
@@ -495,18 +470,14 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
         store_p(p0s, pa);
       }
       ptx::mbar_arrive(gp::smem_addr(p0_ready));
-      NAT_TR(4);
       l_run[0] *= a1[0], l_run[1] *= a1[1];
       ptx::wg_wait<0>();
-      NAT_TR(5);
       ptx::wg_hold128(o);
       ptx::mbar_arrive(gp::smem_addr(&empty[kPartL * kStages + 0]));  // V_aL read
       scale_o(a1[0], a1[1]);
       // O_L += P_b V_bL (P_b from warpgroup 1, in shared memory).
       ptx::mbar_wait(gp::smem_addr(p1_ready), ph);
-      NAT_TR(6);
-      if (MLAKV_NAT_ABL != 1 || j == 0) ptx::mbar_wait(gp::smem_addr(&full[kPartL * kStages + 1]), ph);
-      NAT_TR(7);
+      ptx::mbar_wait(gp::smem_addr(&full[kPartL * kStages + 1]), ph);
       ptx::wg_fence();
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) ptx::wgmma_n256_bf16_ss(o, dp1 + ((kk * 32) >> 4), dv1 + ((kk * 2048) >> 4), 1);
@@ -515,9 +486,7 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
       // ---- warpgroup 1: tile b = 2 j + 1 (stage 1; empty past an odd count) ----
       const bool all_whole = mask_tile(2 * j + 1);
       softmax_max(all_whole, mx);
-      NAT_TR(1);
       ptx::mbar_wait(gp::smem_addr(m0_ready), ph);
-      NAT_TR(2);
       float m1[2], a1[2], a01[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -541,15 +510,11 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) ptx::wgmma_n256_bf16_rs(o, pa[kk], dv1 + ((kk * 2048) >> 4), 1);
       ptx::wg_commit();
-      NAT_TR(3);
       store_p(p1s, pa);
       ptx::mbar_arrive(gp::smem_addr(p1_ready));
-      NAT_TR(4);
       // O_R += (P_a e^(m0 - m1)) V_aR.
       ptx::mbar_wait(gp::smem_addr(p0_ready), ph);
-      NAT_TR(5);
-      if (MLAKV_NAT_ABL != 1 || j == 0) ptx::mbar_wait(gp::smem_addr(&full[kPartR * kStages + 0]), ph);
-      NAT_TR(6);
+      ptx::mbar_wait(gp::smem_addr(&full[kPartR * kStages + 0]), ph);
       ptx::wg_fence();
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) ptx::wgmma_n256_bf16_ss(o, dp0 + ((kk * 32) >> 4), dv0 + ((kk * 2048) >> 4), 1);
@@ -557,7 +522,6 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
       ptx::wg_wait<1>();
       ptx::mbar_arrive(gp::smem_addr(&empty[kPartR * kStages + 1]));  // V_bR read
       ptx::wg_wait<0>();
-      NAT_TR(7);
       ptx::wg_hold128(o);
       ptx::mbar_arrive(gp::smem_addr(&empty[kPartR * kStages + 0]));  // V_aR read: warpgroup 0's next scores wait for it
     }
@@ -565,29 +529,15 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
     // Warpgroup 0's P_b V_bL completes behind the first group, and V_bL goes back before
     // the second group waits for V_aR (which warpgroup 1 released above), so neither
     // warpgroup waits for a release the other makes after its own wait.
-    scores_first(j + 1, more && MLAKV_NAT_ABL != 1);
-    NAT_TR(8);
+    scores_first(j + 1, more);
     ptx::wg_wait<1>();
-    NAT_TR(9);
     if (wg == 0) ptx::mbar_arrive(gp::smem_addr(&empty[kPartL * kStages + 1]));
-    scores_second(j + 1, more && MLAKV_NAT_ABL != 1);
-    NAT_TR(10);
+    scores_second(j + 1, more);
     ptx::wg_wait<0>();
-    NAT_TR(11);
     ptx::wg_hold128(o);
     ptx::wg_hold32(s);
     if (more) ptx::mbar_arrive(gp::smem_addr(&empty[kPartRope * kStages + wg]));  // its rope block
   }
-#undef NAT_TR
-#if MLAKV_NAT_TRACE
-  if (tr_cta >= 0 && ctid == 128 * wg) {
-    for (int jj = 0; jj < n_steps && jj < 128; ++jj) {
-      const long long* e = g_nat_trace[tr_cta][wg][jj];
-      printf("TRACE cta%d wg%d step %d: %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld\n", tr_cta, wg, jj, e[0] - g_nat_trace[tr_cta][0][0][0],
-             e[1] - e[0], e[2] - e[0], e[3] - e[0], e[4] - e[0], e[5] - e[0], e[6] - e[0], e[7] - e[0], e[8] - e[0], e[9] - e[0], e[10] - e[0], e[11] - e[0]);
-    }
-  }
-#endif
   // ---- finalize: both warpgroups hold O at the same maximum (m1 of the last step) ----
   float lq[2];
 #pragma unroll
