@@ -1099,10 +1099,10 @@ TEST_F(Cuda, HopperManyRowKernelTileEdges) {
   }
 }
 
-// The natural-arrangement kernel's own edges (bf16, 64 rows per CTA, 32-token tiles in a
-// three-stage TMA ring, both warpgroups on every tile): sequences ending on either
-// side of a tile, long split chunks (the ring wrapping many times, odd and even last
-// tiles), exactly 64 rows (H = 64; H = 16 x s_q = 4, causal, so one CTA
+// The natural-arrangement kernel's own edges (bf16, 64 rows per CTA, 64-token tiles in a
+// two-stage TMA ring released per part, two tiles per seesaw step): sequences ending on
+// either side of a tile, odd tile counts (the step's second tile empty), long split chunks
+// (the ring wrapping many times), exactly 64 rows (H = 64; H = 16 x s_q = 4, causal, so one CTA
 // holds four queries whose visible lengths differ inside a tile), 96 heads (the second
 // CTA half empty), block sizes 8 (four pages per tile) and 256 (eight tiles per page),
 // bf16 q, more splits than tiles.
@@ -1144,7 +1144,7 @@ TEST_F(Cuda, HopperNaturalKernelSkipsInvalidPages) {
     c.seqlens = {600, 250};
     c.seed = static_cast<uint32_t>(1700 + bs);
     Host t = build(c);
-    // request 0: pages 1 and 4..7 (bs 16: two whole 32-token tiles) invalid, 9 past num_blocks;
+    // request 0: pages 1 and 4..7 (bs 16: one whole 64-token tile) invalid, 9 past num_blocks;
     // request 1: its second page.
     const std::vector<std::pair<int, int64_t>> holes = {{0, 1}, {0, 4}, {0, 5}, {0, 6}, {0, 7}, {0, 9}, {1, 1}};
     for (const auto& [b, page] : holes) {

@@ -1,11 +1,12 @@
 // The natural-arrangement many-row sm90 attention path for bf16 records (Hopper, sm_90a
 // only; built with the sm90 path and listed as AttentionPath::kSm90Nat in
-// api/attention_path.cc): 64 query rows per CTA as the wgmma M dimension, each 32-token KV
+// api/attention_path.cc): 64 query rows per CTA as the wgmma M dimension, each 64-token KV
 // tile loaded by 2-D TMA into the 128-byte swizzled canonical layout and read from shared
-// memory by the tensor cores as K^T and (transposed) as V; two consumer warpgroups that
-// split the scores' 576 dims and the 512 output dims of every tile. Dense token sets
-// (block-table walk) at block sizes that tile a 32-token tile with whole TMA boxes. Same operation, params
-// and split-KV output contract as the other paths (params/attention.h). kernel_nat.cuh
+// memory by the tensor cores as K^T and (transposed) as V; two consumer warpgroups in
+// FlashMLA's "seesaw" schedule (each computes the scores of every other tile and half of
+// the 512 output dims of all of them). Dense token sets (block-table walk) at block sizes
+// that tile a 64-token tile with whole TMA boxes. Same operation, params and split-KV
+// output contract as the other paths (params/attention.h). kernel_nat.cuh
 // holds the kernel; docs/design.md "Hopper kernels, natural arrangement".
 //
 // Every entry returns a cudaError_t as an int (0 = success).
