@@ -237,6 +237,24 @@ TEST_F(AttentionTest, SplitCountsAgree) {
   }
 }
 
+// Scores that rise from tile to tile (record magnitudes x 1 + 1.5 * tile): the running
+// maximum moves at every tile and the partial results rescale, in one pass and over splits.
+TEST_F(AttentionTest, RisingScoresMoveTheRunningMaximum) {
+  for (KvFormat f : kAllFormats) {
+    for (int splits : {1, 3}) {
+      Case c;
+      c.format = f;
+      c.ramp = 1.5f;
+      c.block_size = 64;
+      c.s_q = 2;
+      c.splits = splits;
+      c.seqlens = {700, 130};
+      c.seed = 41 + static_cast<uint32_t>(f) + static_cast<uint32_t>(splits);
+      run_case(c, &pool_);
+    }
+  }
+}
+
 TEST_F(AttentionTest, SparseIndicesWithInvalidEntries) {
   for (KvFormat f : kAllFormats) {
     Case c;

@@ -1126,6 +1126,54 @@ TEST_F(Cuda, HopperNaturalKernelTileEdges) {
   }
 }
 
+// Scores that rise from tile to tile (record magnitudes x 1 + 1.5 * tile): every tile's
+// maximum passes the lazy reference (2^8 above it), so both warpgroups rescale O at every
+// step and warpgroup 0 recomputes P_a against warpgroup 1's maximum (paths random scores
+// reach only at the first tile). Two row blocks (H = 128), two queries of 64 heads
+// (causal), odd and even tile counts, 1 and 3 splits.
+TEST_F(Cuda, HopperNaturalKernelFollowsRisingScores) {
+  if (!is_hopper()) GTEST_SKIP() << "not an sm_90 device";
+  KernelEnv env("sm90_nat");
+  for (int variant = 0; variant < 4; ++variant) {
+    Case c;
+    c.format = KvFormat::kBf16;
+    c.ramp = 1.5f;
+    c.block_size = variant == 2 ? 16 : 64;
+    c.heads = variant % 2 == 0 ? 128 : 64;
+    c.s_q = variant % 2 == 0 ? 1 : 2;
+    c.splits = variant < 2 ? 1 : 3;
+    c.seqlens = {700, 130, 320};
+    c.bf16_q = variant == 3;
+    c.seed = static_cast<uint32_t>(1800 + variant);
+    check_case(c);
+    if (HasFatalFailure()) return;
+  }
+}
+
+// The same rising scores on the path the plan picks for every format (the 16-row sm90
+// kernel at 16 heads, the many-row ones at 128), dense and sparse.
+TEST_F(Cuda, RisingScoresOnEveryPath) {
+  for (KvFormat f : kFormats) {
+    for (int variant = 0; variant < 3; ++variant) {
+      Case c;
+      c.format = f;
+      c.ramp = 1.5f;
+      c.block_size = 64;
+      c.heads = variant == 1 ? 128 : 16;
+      c.s_q = variant == 1 ? 2 : 1;
+      c.splits = 2;
+      c.seqlens = {700, 130};
+      c.sparse = variant == 2;
+      c.topk = variant == 2 ? 300 : 0;
+      c.outer_scale = format_info(f).has_outer_scale ? 0.6f : 1.0f;
+      c.seed = static_cast<uint32_t>(1900 + 3 * static_cast<int>(f) + variant);
+      SCOPED_TRACE(fmt::format("{} variant {}", format_name(f), variant));
+      check_case(c);
+      if (HasFatalFailure()) return;
+    }
+  }
+}
+
 // Dense block tables with invalid entries inside a request's length (an id of -1 and one
 // past num_blocks): the kernel skips those pages (no box is loaded, the tokens are masked,
 // the V rows of the stale stage bytes zeroed) and the reference drops their tokens. Whole

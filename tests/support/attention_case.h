@@ -33,6 +33,10 @@ struct Case {
   float outer_scale = 1.0f;
   bool token_scale = false;  // nvfp4 per-token scale mode (then outer_scale stays 1)
   bool bf16_q = false;
+  // Record magnitudes grow with the 64-token tile: position pos is written x (1 + ramp *
+  // (pos / 64)), so a row's score maximum rises by many units from tile to tile and every
+  // kernel's running maximum (a lazy one included) has to move and rescale repeatedly.
+  float ramp = 0.0f;
   uint32_t seed = 1;
 };
 
@@ -110,6 +114,13 @@ inline Built build(const Case& c) {
     std::vector<float> lat(static_cast<std::size_t>(len) * kLatentDim), rope(static_cast<std::size_t>(len) * kRopeDim);
     for (std::size_t i = 0; i < lat.size(); ++i) lat[i] = nd(rng) * ch[i % kLatentDim];
     for (float& x : rope) x = nd(rng);
+    if (c.ramp != 0.0f) {
+      for (int pos = 0; pos < len; ++pos) {
+        const float g = 1.0f + c.ramp * static_cast<float>(pos / 64);
+        for (int d = 0; d < kLatentDim; ++d) lat[static_cast<std::size_t>(pos) * kLatentDim + static_cast<std::size_t>(d)] *= g;
+        for (int d = 0; d < kRopeDim; ++d) rope[static_cast<std::size_t>(pos) * kRopeDim + static_cast<std::size_t>(d)] *= g;
+      }
+    }
     if (len > 0) {
       EXPECT_TRUE(t.cache->write(0, TensorView::contiguous(slots.data(), DType::kI64, {len}),
                                  TensorView::contiguous(lat.data(), DType::kF32, {len, kLatentDim}),
