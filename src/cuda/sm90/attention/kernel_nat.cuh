@@ -423,6 +423,21 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
   const uint64_t dp0 = ptx::desc_sw128(gp::smem_addr(p0s), 16, 1024), dp1 = ptx::desc_sw128(gp::smem_addr(p1s), 16, 1024);
   const int ra = r0, rb = r0 + 8;
 
+  // The lazy maximum of a row: the reference m_ref moves to the tile's maximum mx only when
+  // mx passes it by more than kLazy; a = e^(m_ref - m) rescales what was relative to m_ref.
+  auto lazy_max = [](float mx, float m_ref, float& m, float& a) __attribute__((always_inline)) {
+    m = mx > m_ref + kLazy ? mx : m_ref;
+    a = m == m_ref ? 1.0f : exp2f(m_ref - m);
+  };
+  // This thread's two rows' maxima and rescale factors to the other warpgroup (one thread
+  // of each quad writes them; all 128 arrive).
+  auto publish = [&](float* sm, float* ss, const float (&m)[2], const float (&a)[2], uint64_t* bar) __attribute__((always_inline)) {
+    if (c == 0) {
+      sm[ra] = m[0], ss[ra] = a[0];
+      sm[rb] = m[1], ss[rb] = a[1];
+    }
+    ptx::mbar_arrive(gp::smem_addr(bar));
+  };
   if (n_steps > 0) {
     scores_first(0, true);
     scores_second(0, true);
@@ -440,15 +455,8 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
       softmax_max(all_whole, mx);
       float m0[2], a0[2];
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        m0[h] = mx[h] > m_run[h] + kLazy ? mx[h] : m_run[h];
-        a0[h] = m0[h] == m_run[h] ? 1.0f : exp2f(m_run[h] - m0[h]);
-      }
-      if (c == 0) {
-        sm0[ra] = m0[0], ss0[ra] = a0[0];
-        sm0[rb] = m0[1], ss0[rb] = a0[1];
-      }
-      ptx::mbar_arrive(gp::smem_addr(m0_ready));
+      for (int h = 0; h < 2; ++h) lazy_max(mx[h], m_run[h], m0[h], a0[h]);
+      publish(sm0, ss0, m0, a0, m0_ready);
       softmax_exp(all_whole, m0, pa, sum);
       l_run[0] = l_run[0] * a0[0] + sum[0];
       l_run[1] = l_run[1] * a0[1] + sum[1];
@@ -491,16 +499,10 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int r = h ? rb : ra;
-        const float m0 = sm0[r], a0 = ss0[r];
-        m1[h] = mx[h] > m0 + kLazy ? mx[h] : m0;
-        a1[h] = m1[h] == m0 ? 1.0f : exp2f(m0 - m1[h]);
-        a01[h] = a0 * a1[h];
+        lazy_max(mx[h], sm0[r], m1[h], a1[h]);
+        a01[h] = ss0[r] * a1[h];
       }
-      if (c == 0) {
-        sm1[ra] = m1[0], ss1[ra] = a1[0];
-        sm1[rb] = m1[1], ss1[rb] = a1[1];
-      }
-      ptx::mbar_arrive(gp::smem_addr(s1_ready));
+      publish(sm1, ss1, m1, a1, s1_ready);
       softmax_exp(all_whole, m1, pa, sum);
       l_run[0] = l_run[0] * a01[0] + sum[0];
       l_run[1] = l_run[1] * a01[1] + sum[1];
