@@ -438,6 +438,16 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
     }
     ptx::mbar_arrive(gp::smem_addr(bar));
   };
+  // O += P V over this warpgroup's V half of the other warpgroup's tile, P from shared memory
+  // (the other warpgroup's hand-off `ready`; `full`: that tile's V half landed).
+  auto pv_other = [&](uint64_t* ready, uint64_t* full_half, uint32_t ph, uint64_t dp, uint64_t dv) __attribute__((always_inline)) {
+    ptx::mbar_wait(gp::smem_addr(ready), ph);
+    ptx::mbar_wait(gp::smem_addr(full_half), ph);
+    ptx::wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) ptx::wgmma_n256_bf16_ss(o, dp + ((kk * 32) >> 4), dv + ((kk * 2048) >> 4), 1);
+    ptx::wg_commit();
+  };
   if (n_steps > 0) {
     scores_first(0, true);
     scores_second(0, true);
@@ -484,12 +494,7 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
       ptx::mbar_arrive(gp::smem_addr(&empty[kPartL * kStages + 0]));  // V_aL read
       scale_o(a1[0], a1[1]);
       // O_L += P_b V_bL (P_b from warpgroup 1, in shared memory).
-      ptx::mbar_wait(gp::smem_addr(p1_ready), ph);
-      ptx::mbar_wait(gp::smem_addr(&full[kPartL * kStages + 1]), ph);
-      ptx::wg_fence();
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) ptx::wgmma_n256_bf16_ss(o, dp1 + ((kk * 32) >> 4), dv1 + ((kk * 2048) >> 4), 1);
-      ptx::wg_commit();
+      pv_other(p1_ready, &full[kPartL * kStages + 1], ph, dp1, dv1);
     } else {
       // ---- warpgroup 1: tile b = 2 j + 1 (stage 1; empty past an odd count) ----
       const bool all_whole = mask_tile(2 * j + 1);
@@ -515,12 +520,7 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
       store_p(p1s, pa);
       ptx::mbar_arrive(gp::smem_addr(p1_ready));
       // O_R += (P_a e^(m0 - m1)) V_aR.
-      ptx::mbar_wait(gp::smem_addr(p0_ready), ph);
-      ptx::mbar_wait(gp::smem_addr(&full[kPartR * kStages + 0]), ph);
-      ptx::wg_fence();
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) ptx::wgmma_n256_bf16_ss(o, dp0 + ((kk * 32) >> 4), dv0 + ((kk * 2048) >> 4), 1);
-      ptx::wg_commit();
+      pv_other(p0_ready, &full[kPartR * kStages + 0], ph, dp0, dv0);
       ptx::wg_wait<1>();
       ptx::mbar_arrive(gp::smem_addr(&empty[kPartR * kStages + 1]));  // V_bR read
       ptx::wg_wait<0>();
