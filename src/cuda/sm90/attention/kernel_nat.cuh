@@ -44,8 +44,10 @@
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (the type only: the map is made through the runtime's driver entry point)
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled_v12000
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -77,12 +79,15 @@ constexpr int kStages = 2;
 constexpr int kConsumerWarps = 8;
 constexpr int kThreads = 32 * kConsumerWarps + 128;  // + the producer warpgroup
 constexpr int kConsumerRegs = 232, kProducerRegs = 32;  // (232 - 168) x 256 <= (168 - 32) x 128: the increase never waits
+// The quantized formats: consumers 224, converter warpgroup 56 ((224 - 168) x 256 <= (168 - 56) x 128).
+constexpr int kQuantConsumerRegs = 224, kConverterRegs = 56;
 // The three parts of a stage, each with its own full / empty barrier pair.
 constexpr int kPartRope = 0, kPartL = 1, kPartR = 2, kParts = 3;
 // misc: full[3][2], empty[3][2], then m0_ready, s1_ready, p0_ready, p1_ready, l_ready
 // (8 B each); vmask[2] (8 B each); the rows' m0, e^(m - m0), m1, e^(m0 - m1) (64 fp32
 // each); the final row sums of both warpgroups (2 x 64 fp32).
-constexpr int kNumBars = 2 * kParts * kStages + 5;
+// The quantized formats add staged[2][2] (the half's codes and scales landed, before conversion).
+constexpr int kNumBars = 2 * kParts * kStages + 5 + 2 * kStages;
 constexpr int kMiscBytes = 8 * kNumBars + 8 * kStages + 4 * 64 * 4 + 2 * 64 * 4;
 constexpr int kSmemBytes = 1024 + kQBytes + kQBlockBytes + kStages * kStageBytes + kMiscBytes;  // + 1 KB for the 1024-B alignment
 static_assert(kSmemBytes <= 227 * 1024, "one CTA per SM");
@@ -93,6 +98,7 @@ constexpr float kLn2 = 0.6931471805599453f;
 // m + log2 l do not depend on which reference m is used).
 constexpr float kLazy = 8.0f;
 constexpr int kBarWg = 3, kBarAll = 5;  // named barriers: 3 + k = warpgroup k alone (128), 5 = both (after Q)
+constexpr int kBarConv = 6;             // 6 + k: the two converter warps of stage k (quantized formats)
 
 // Byte offset of (row r, element k) inside a block of 64-element (128-byte) rows of the
 // 128-byte swizzled layout (what TMA writes with CU_TENSOR_MAP_SWIZZLE_128B into a 1024-B
@@ -111,10 +117,139 @@ __device__ __forceinline__ int64_t box_row(const AttentionParams& p, int b, int6
   return static_cast<int64_t>(raw) * p.block_size + pos % p.block_size;
 }
 
+// ---- the quantized formats (fp8_ds_mla, nvfp4_ds_mla): the converter warps ----
+// The record parts a converter stages per tile half h (latent dims 256 h .. 256 h + 255):
+// kRawBoxes boxes of 128 code bytes (2-D TMA, 128-byte swizzle) into the half's last
+// kRawBoxes column blocks, and one 16-byte box of the record's scale field (no swizzle,
+// row t at byte 16 t) into its first; the converter of token t turns its row into bf16 in
+// place (see convert_half).
+template <KvFormat F>
+struct Quant;
+template <>
+struct Quant<KvFormat::kFp8DsMla> {
+  static constexpr int kRecordBytes = layout::fp8_ds_mla::kRecordBytes;
+  static constexpr int kRawBoxes = 2;                    // 256 e4m3 codes per half
+  static constexpr int kRopeCol = layout::fp8_ds_mla::kRopeOffset;        // bf16 rope, 128 B
+  static constexpr int raw_col(int h, int j) { return layout::fp8_ds_mla::kLatentOffset + 256 * h + 128 * j; }
+  static constexpr int kScaleCol = layout::fp8_ds_mla::kScaleOffset;      // 4 fp32 tile scales (16 B): half h reads 2 h, 2 h + 1
+  static_assert(layout::fp8_ds_mla::kTileDim == 128 && layout::fp8_ds_mla::kNumTiles == 4 && layout::fp8_ds_mla::kRopeOffset % 16 == 0 && layout::fp8_ds_mla::kScaleOffset % 16 == 0,
+                "two 128-dim scale tiles per half, 16-byte aligned parts");
+};
+template <>
+struct Quant<KvFormat::kNvfp4DsMla> {
+  static constexpr int kRecordBytes = layout::nvfp4_ds_mla::kRecordBytes;
+  static constexpr int kRawBoxes = 1;                    // 256 e2m1 codes (128 B) per half
+  static constexpr int kRopeCol = layout::nvfp4_ds_mla::kRopeOffset;        // bf16 rope, 128 B
+  static constexpr int raw_col(int h, int /*j*/) { return layout::nvfp4_ds_mla::kLatentOffset + 128 * h; }
+  static constexpr int kScaleCol = layout::nvfp4_ds_mla::kScaleOffset;      // half h: the 16 group scales at + 16 h
+  static_assert(layout::nvfp4_ds_mla::kGroupDim == 16 && layout::nvfp4_ds_mla::kNumGroups == 32 && layout::nvfp4_ds_mla::kRopeOffset % 16 == 0 && layout::nvfp4_ds_mla::kScaleOffset % 16 == 0,
+                "16 groups of 16 dims per half, 16-byte aligned parts");
+};
+
+#if MLAKV_SM90_DEVICE
+__device__ __forceinline__ float2 f16x2_to_f32x2(uint32_t x) {
+  float lo, hi;
+  asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %2;\ncvt.f32.f16 %0, l;\ncvt.f32.f16 %1, h;\n}\n" : "=f"(lo), "=f"(hi) : "r"(x));
+  return make_float2(lo, hi);
+}
+// Four e4m3 codes (dim i in byte i) times the tile scale s as bf16 (2 words, dim 2i in the
+// low half of word i): e4m3 -> f16 is exact, the product rounds to fp32 and then to bf16
+// (RNE): bf16(e4m3 * s), the reference decode's value rounded as the bf16 emulation does.
+__device__ __forceinline__ void e4m3x4_to_bf16(uint32_t w, float s, uint32_t& lo, uint32_t& hi) {
+  const float2 a = f16x2_to_f32x2(ptx::e4m3x2_to_f16x2(w)), b = f16x2_to_f32x2(ptx::e4m3x2_hi_to_f16x2(w));
+  lo = mlakv::cuda::ptx::pack_bf16x2(a.x * s, a.y * s);
+  hi = mlakv::cuda::ptx::pack_bf16x2(b.x * s, b.y * s);
+}
+// An e4m3 group scale code times 2^14 (exact: e4m3 is at most 448, at least 2^-9): the
+// factor that takes e2m1x8_to_bf16's f16 values (e2m1 x 2^-14) to e2m1 * sf exactly.
+__device__ __forceinline__ float e4m3_scale_x16k(uint32_t code) {
+  return f16x2_to_f32x2(ptx::e4m3x2_to_f16x2(code & 0xFFu)).x * 16384.0f;
+}
+// Eight e2m1 codes (a word, dim i in nibble i: even dims low) as bf16((e2m1 * sf) * s_l)
+// (4 words, dim 2i in the low half of word i), sf16k = sf x 2^14. Each code's sign and
+// magnitude bits go into an f16 (sign bit 15, magnitude bits 11..9: the f16 value is
+// e2m1 x 2^-14 exactly, subnormal codes included); times sf16k it is e2m1 * sf exactly (2 x 4
+// significant bits), times s_l it rounds once to fp32 and then to bf16: the reference's
+// nvfp4_dequantize rounded as the bf16 emulation does. Byte x (both codes) is placed by two
+// multiplies whose shifted copies never overlap: x * (0x1001 << 9) holds the low code's
+// magnitude in bits 9..11 and the high one's in 25..27, x * (0x1001 << 12) the signs in bits
+// 15 and 31.
+__device__ __forceinline__ void e2m1x8_to_bf16(uint32_t w, float sf16k, float s_l, uint4& out) {
+  uint32_t o[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t x = __byte_perm(w, 0u, 0x4440u | static_cast<uint32_t>(i));  // byte i alone
+    const uint32_t h = ((x * (0x1001u << 9)) & 0x0E000E00u) | ((x * (0x1001u << 12)) & 0x80008000u);
+    const float2 v = f16x2_to_f32x2(h);
+    o[i] = mlakv::cuda::ptx::pack_bf16x2((v.x * sf16k) * s_l, (v.y * sf16k) * s_l);
+  }
+  out = make_uint4(o[0], o[1], o[2], o[3]);
+}
+
+// Converts token t's latent half staged in the part at `pb` (4 column blocks, the 128-byte
+// swizzled bf16 tile layout) in place: the raw code boxes sit in the part's last blocks,
+// the scale box's row t at pb + 16 t. Reads its scales, waits for the stage's other
+// converters to have read theirs (`bar`, 64 threads: the first outputs overwrite the
+// scale box), then walks its row's code chunks in order; each output chunk lands only on
+// code chunks of its own row that it has already read (fp8: box 0 (block 2) -> blocks 0,
+// 1; box 1 (block 3) -> block 2, then chunk x of block 3 -> chunks 2 (x - 4), 2 (x - 4) + 1;
+// nvfp4: codes in block 3, chunk x -> block x / 2, chunks 4 (x % 2) ..), so no other barrier.
+template <KvFormat F>
+__device__ __forceinline__ void convert_half(uint8_t* pb, int t, int h, float s_l, int bar) {
+  const int sw = t & 7;
+  uint8_t* row = pb + t * 128;
+  auto chunk = [&](int blk, int c) __attribute__((always_inline)) { return row + blk * kBlockBytes + ((c ^ sw) << 4); };
+  if constexpr (F == KvFormat::kFp8DsMla) {
+    const float2 sc = *reinterpret_cast<const float2*>(pb + t * 16 + 8 * h);  // tile scales 2 h, 2 h + 1
+    ptx::named_barrier(bar, 64);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const float s = j ? sc.y : sc.x;
+#pragma unroll
+      for (int x = 0; x < 8; ++x) {
+        const uint4 v = *reinterpret_cast<const uint4*>(chunk(2 + j, x));
+        uint32_t o[8];
+        e4m3x4_to_bf16(v.x, s, o[0], o[1]);
+        e4m3x4_to_bf16(v.y, s, o[2], o[3]);
+        e4m3x4_to_bf16(v.z, s, o[4], o[5]);
+        e4m3x4_to_bf16(v.w, s, o[6], o[7]);
+        const int blk = 2 * j + (x >> 2), c0 = 2 * (x & 3);
+        *reinterpret_cast<uint4*>(chunk(blk, c0)) = make_uint4(o[0], o[1], o[2], o[3]);
+        *reinterpret_cast<uint4*>(chunk(blk, c0 + 1)) = make_uint4(o[4], o[5], o[6], o[7]);
+      }
+    }
+  } else {
+    static_assert(F == KvFormat::kNvfp4DsMla);
+    const uint4 g = *reinterpret_cast<const uint4*>(pb + t * 16);  // group scale codes 16 h .. 16 h + 15
+    ptx::named_barrier(bar, 64);
+    const uint32_t gw[4] = {g.x, g.y, g.z, g.w};
+#pragma unroll
+    for (int x = 0; x < 8; ++x) {  // code chunk x: dims 32 x .. 32 x + 31 (groups 2 x, 2 x + 1)
+      const uint4 v = *reinterpret_cast<const uint4*>(chunk(3, x));
+      const uint32_t gx = gw[x >> 1] >> (16 * (x & 1));
+      const float sf0 = e4m3_scale_x16k(gx), sf1 = e4m3_scale_x16k(gx >> 8);
+      const uint32_t vw[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        uint4 o;
+        e2m1x8_to_bf16(vw[i], i < 2 ? sf0 : sf1, s_l, o);
+        *reinterpret_cast<uint4*>(chunk(x >> 1, 4 * (x & 1) + i)) = o;
+      }
+    }
+  }
+}
+#endif  // MLAKV_SM90_DEVICE
+
 }  // namespace nat
 
+// F = bf16: tmap is the cache as [num_slots, 576] bf16 (box 64 dims, 128-byte swizzle) and
+// tmap16 unused. The quantized formats (Quant<F>): tmap is the cache as [num_slots,
+// record_bytes] bytes with boxes of 128 bytes (128-byte swizzle: the rope and the code
+// boxes), tmap16 the same bytes with boxes of 16 (no swizzle: the scale field).
+template <KvFormat F>
 __global__ void __launch_bounds__(nat::kThreads, 1)
-    attention_nat_kernel(const __grid_constant__ kernels::AttentionParams p, const __grid_constant__ CUtensorMap tmap) {
+    attention_nat_kernel(const __grid_constant__ kernels::AttentionParams p, const __grid_constant__ CUtensorMap tmap,
+                         const __grid_constant__ CUtensorMap tmap16) {
 #if MLAKV_SM90_DEVICE
   using namespace nat;
   namespace gp = mlakv::cuda::ptx;
@@ -139,6 +274,8 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
   float* sm1 = ss0 + 64;
   float* ss1 = sm1 + 64;
   float* sl = ss1 + 64;  // sl[wg * 64 + row]
+  uint64_t* staged = reinterpret_cast<uint64_t*>(sl + 2 * 64);  // staged[(part - 1) * 2 + stage] (quantized formats)
+  constexpr bool kQuant = F != KvFormat::kBf16;
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int split = blockIdx.z;
@@ -150,16 +287,107 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
 
   if (tid == 0) {
     for (int i = 0; i < kParts * kStages; ++i) {
-      ptx::mbar_init(gp::smem_addr(&full[i]), 1);
+      // The quantized formats' V halves are full when both converter warps of the stage arrive.
+      ptx::mbar_init(gp::smem_addr(&full[i]), kQuant && i >= kPartL * kStages ? 64 : 1);
       ptx::mbar_init(gp::smem_addr(&empty[i]), 128);
     }
+    for (int i = 0; i < 2 * kStages; ++i) ptx::mbar_init(gp::smem_addr(&staged[i]), 1);
     for (uint64_t* bar = m0_ready; bar != l_ready; ++bar) ptx::mbar_init(gp::smem_addr(bar), 128);
     ptx::mbar_init(gp::smem_addr(l_ready), 256);
     ptx::mbar_init_fence();
   }
   __syncthreads();
 
-  if (warp >= kConsumerWarps) {
+  if constexpr (kQuant) {
+    if (warp >= kConsumerWarps) {
+      ptx::setmaxnreg_dec<kConverterRegs>();
+      // ---- stage k's two converter warps 8 + 2 k, 9 + 2 k: the first also walks the block
+      // table and issues the TMA boxes; thread ct converts token ct of each tile half ----
+      using Q = Quant<F>;
+      const int k = (warp - kConsumerWarps) >> 1, ct = ((warp - kConsumerWarps) & 1) * 32 + lane;
+      const bool issuer = ((warp - kConsumerWarps) & 1) == 0;
+      const int br = p.block_size < kTile ? p.block_size : kTile;
+      const int n_box = kTile / br;
+      const int tiles_per_lookup = 32 / n_box;
+      if (issuer && lane == 0) {
+        ptx::prefetch_tensormap(&tmap);
+        ptx::prefetch_tensormap(&tmap16);
+      }
+      int64_t looked_up = -1;
+      uint8_t* stage = ring + k * kStageBytes;
+      for (int u = 0; 2 * u + k < 2 * n_steps; ++u) {
+        const int t = 2 * u + k;
+        int64_t row = -1;
+        uint32_t valid = 0;
+        uint64_t vmask_next = 0;  // lane 0 of the issuer: the tile's valid tokens
+        if (issuer) {
+          const int64_t pos0 = begin + static_cast<int64_t>(t) * kTile;
+          const int ur = u % tiles_per_lookup;
+          if (ur == 0) {
+            const int64_t pos = pos0 + static_cast<int64_t>(lane / n_box) * 2 * kTile + static_cast<int64_t>(lane % n_box) * br;
+            looked_up = pos < end ? box_row(p, b, pos) : -1;
+          }
+          const int64_t got = __shfl_sync(0xFFFFFFFFu, looked_up, ur * n_box + (lane < n_box ? lane : 0));
+          row = lane < n_box ? got : -1;
+          valid = __ballot_sync(0xFFFFFFFFu, row >= 0);
+          if (lane == 0) {
+            uint64_t mask = 0;
+            const uint64_t box_bits = br == 64 ? ~0ull : ((1ull << br) - 1);
+            for (int x = 0; x < n_box; ++x) {
+              if ((valid >> x) & 1u) mask |= box_bits << (x * br);
+            }
+            const int64_t left = end - pos0;
+            if (left < kTile) mask &= left <= 0 ? 0ull : ((1ull << left) - 1);
+            vmask_next = mask;
+          }
+        }
+#pragma unroll
+        for (int o = 0; o < 3; ++o) {
+          // The parts in the order they are released: the rope block, then the half of the
+          // warpgroup that computed the scores (its P V comes first), then the other.
+          const int part = o == 0 ? kPartRope : ((o == 1) == (k == 0) ? kPartL : kPartR);
+          if (issuer) {
+            if (u >= 1) ptx::mbar_wait(gp::smem_addr(&empty[part * kStages + k]), (u - 1) & 1);
+            if (part == kPartRope) {
+              const uint32_t bar = gp::smem_addr(&full[kPartRope * kStages + k]);
+              if (lane == 0) {
+                vmask[k] = vmask_next;
+                ptx::mbar_arrive_expect_tx(bar, static_cast<uint32_t>(__popc(valid)) * br * 128);
+              }
+              __syncwarp();
+              if (row >= 0) {
+                ptx::tma_load_2d(gp::smem_addr(stage + 8 * kBlockBytes + lane * br * 128), &tmap, Q::kRopeCol,
+                                 static_cast<int>(row), bar);
+              }
+            } else {
+              const int h = part - kPartL;
+              const uint32_t bar = gp::smem_addr(&staged[h * kStages + k]);
+              uint8_t* pb = stage + 4 * h * kBlockBytes;
+              if (lane == 0) ptx::mbar_arrive_expect_tx(bar, static_cast<uint32_t>(__popc(valid)) * br * (Q::kRawBoxes * 128 + 16));
+              __syncwarp();
+              if (row >= 0) {
+#pragma unroll
+                for (int j = 0; j < Q::kRawBoxes; ++j) {
+                  ptx::tma_load_2d(gp::smem_addr(pb + (4 - Q::kRawBoxes + j) * kBlockBytes + lane * br * 128), &tmap,
+                                   Q::raw_col(h, j), static_cast<int>(row), bar);
+                }
+                ptx::tma_load_2d(gp::smem_addr(pb + lane * br * 16), &tmap16, Q::kScaleCol + (F == KvFormat::kFp8DsMla ? 0 : 16 * h),
+                                 static_cast<int>(row), bar);
+              }
+            }
+          }
+          if (part != kPartRope) {
+            const int h = part - kPartL;
+            ptx::mbar_wait(gp::smem_addr(&staged[h * kStages + k]), u & 1);
+            convert_half<F>(stage + 4 * h * kBlockBytes, ct, h, p.outer_scale, kBarConv + k);
+            ptx::fence_proxy_async();
+            ptx::mbar_arrive(gp::smem_addr(&full[part * kStages + k]));
+          }
+        }
+      }
+      return;
+    }
+  } else if (warp >= kConsumerWarps) {
     ptx::setmaxnreg_dec<kProducerRegs>();
     if (warp >= kConsumerWarps + kStages) return;
     // ---- producer of stage k: one lane per box of the tile ----
@@ -215,7 +443,7 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
     }
     return;
   }
-  ptx::setmaxnreg_inc<kConsumerRegs>();
+  ptx::setmaxnreg_inc<kQuant ? kQuantConsumerRegs : kConsumerRegs>();
 
   // wg through a shuffle from lane 0: ptxas then knows it is warp-uniform and keeps the
   // descriptors built from it in uniform registers (no per-wgmma R2UR).
@@ -577,6 +805,90 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
     }
   }
 #endif  // MLAKV_SM90_DEVICE
+}
+
+// ---- host side (instantiations/nat_<format>.cu) ----
+
+// cuTensorMapEncodeTiled from the driver the runtime loaded (null where it has none).
+inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+#if CUDART_VERSION >= 12050
+    const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q);
+#else
+    const cudaError_t e = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &f, cudaEnableDefault, &q);
+#endif
+    if (e != cudaSuccess || q != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      f = nullptr;
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+template <KvFormat F>
+constexpr int nat_record_bytes() {
+  if constexpr (F == KvFormat::kBf16) return kQkDim * 2;
+  else return nat::Quant<F>::kRecordBytes;
+}
+
+template <KvFormat F>
+int nat_configure() {
+  return static_cast<int>(
+      cudaFuncSetAttribute(attention_nat_kernel<F>, cudaFuncAttributeMaxDynamicSharedMemorySize, nat::kSmemBytes));
+}
+
+template <KvFormat F>
+int nat_ctas_per_sm() {
+  if (nat_configure<F>() != 0) return 0;
+  int n = 0;
+  const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attention_nat_kernel<F>, nat::kThreads, nat::kSmemBytes);
+  return e == cudaSuccess ? n : 0;
+}
+
+// Encodes the cache's tensor maps (kernel comment) and launches on grid (row_blocks, B,
+// num_splits).
+template <KvFormat F>
+int nat_launch(const kernels::AttentionParams& kp, int row_blocks, void* stream) {
+  if (kp.sparse || kp.token_scale || !nat_supports(F, kp.block_size, kp.num_slots) || kp.record_bytes != nat_record_bytes<F>()) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (encode == nullptr) return static_cast<int>(cudaErrorNotSupported);
+  const cuuint32_t rows = static_cast<cuuint32_t>(std::min(kp.block_size, nat::kTile));
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(kp.record_bytes)};
+  const cuuint32_t elem[2] = {1, 1};
+  CUtensorMap map{}, map16{};
+  CUresult r;
+  if constexpr (F == KvFormat::kBf16) {
+    // The cache as a [num_slots, 576] bf16 matrix (rows record_bytes apart); boxes of 64
+    // dims (128 B, the swizzle span) x min(block_size, 64) slots.
+    const cuuint64_t dims[2] = {static_cast<cuuint64_t>(kQkDim), static_cast<cuuint64_t>(kp.num_slots)};
+    const cuuint32_t box[2] = {64, rows};
+    r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<uint8_t*>(kp.cache), dims, strides, box, elem,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    map16 = map;  // unused
+  } else {
+    // The cache as a [num_slots, record_bytes] byte matrix: boxes of 128 bytes (128-byte
+    // swizzle: code and rope boxes) and of 16 bytes (the scale field), x min(block_size, 64) slots.
+    const cuuint64_t dims[2] = {static_cast<cuuint64_t>(kp.record_bytes), static_cast<cuuint64_t>(kp.num_slots)};
+    const cuuint32_t box[2] = {128, rows}, box16[2] = {16, rows};
+    r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<uint8_t*>(kp.cache), dims, strides, box, elem,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r == CUDA_SUCCESS) {
+      r = encode(&map16, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<uint8_t*>(kp.cache), dims, strides, box16, elem,
+                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    }
+  }
+  if (r != CUDA_SUCCESS) return static_cast<int>(cudaErrorInvalidValue);
+  const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(kp.B), static_cast<unsigned>(kp.num_splits));
+  attention_nat_kernel<F><<<grid, nat::kThreads, nat::kSmemBytes, static_cast<cudaStream_t>(stream)>>>(kp, map, map16);
+  return static_cast<int>(cudaGetLastError());
 }
 
 }  // namespace

@@ -22,21 +22,70 @@ namespace mlakv::cuda::sm90 {
 inline constexpr int kNatRowsPerCta = 64;  // query rows per CTA
 inline constexpr int kNatTokenTile = 64;   // tokens per tile: split chunks are rounded up to it
 
-// The cache geometries the kernel's TMA boxes cover: bf16 records, block sizes that are
-// a multiple of 64 or one of 8, 16, 32 (a box never crosses a page and lands on a 1 KB
-// boundary of the swizzled tile), and slot ids that fit the TMA's 32-bit coordinates.
+// The cache geometries the kernel's TMA boxes cover: bf16, fp8_ds_mla or nvfp4_ds_mla
+// records (the quantized formats' codes, scales and bf16 rope are staged by TMA and
+// converted to the bf16 tile in shared memory; not the token-scale mode, which
+// sm90_rows_serves refuses), block sizes that are a multiple of 64 or one of 8, 16, 32 (a
+// box never crosses a page and lands on a 1 KB boundary of the swizzled tile), and slot
+// ids that fit the TMA's 32-bit coordinates.
 inline bool nat_supports(KvFormat format, int block_size, int64_t num_slots) {
   const bool bs_ok = block_size > 0 && (block_size % 64 == 0 || block_size == 8 || block_size == 16 || block_size == 32);
-  return format == KvFormat::kBf16 && bs_ok && num_slots >= 1 && num_slots <= 0x7FFFFFFF;
+  const bool fmt_ok = format == KvFormat::kBf16 || format == KvFormat::kFp8DsMla || format == KvFormat::kNvfp4DsMla;
+  return fmt_ok && bs_ok && num_slots >= 1 && num_slots <= 0x7FFFFFFF;
 }
 
-// The dynamic shared-memory limit (plan time), CTAs per SM (0 on error), and the launch
-// on grid (row_blocks, B, num_splits): the TMA descriptor of the cache is encoded on the
-// host at every launch (cuTensorMapEncodeTiled through cudaGetDriverEntryPointByVersion,
-// no libcuda link) and passed by value, so a captured graph replays it as launched.
-// Formats other than bf16: cudaErrorInvalidValue.
-int configure_attention_nat(KvFormat format, int record_bytes);
-int attention_nat_ctas_per_sm(KvFormat format, int record_bytes);
-int launch_attention_nat(KvFormat format, const kernels::AttentionParams& p, int row_blocks, void* stream);
+// Whether the plan picks the kernel by itself where nat_supports holds: bf16 only for now;
+// fp8_ds_mla and nvfp4_ds_mla run on it when MLAKV_CUDA_ATTENTION=sm90_nat forces it.
+inline bool nat_is_default(KvFormat format) { return format == KvFormat::kBf16; }
+
+// Per format (instantiations/nat_<format>.cu): the dynamic shared-memory limit (plan time),
+// CTAs per SM (0 on error), and the launch on grid (row_blocks, B, num_splits): the TMA
+// descriptors of the cache are encoded on the host at every launch (cuTensorMapEncodeTiled
+// through cudaGetDriverEntryPointByVersion, no libcuda link) and passed by value, so a
+// captured graph replays them as launched.
+template <KvFormat F>
+int configure_attention_nat_for(int record_bytes);
+template <KvFormat F>
+int attention_nat_ctas_per_sm_for(int record_bytes);
+template <KvFormat F>
+int launch_attention_nat_for(const kernels::AttentionParams& p, int row_blocks, void* stream);
+#define MLAKV_NAT_DECLARE(F)                                             \
+  template <>                                                            \
+  int configure_attention_nat_for<F>(int record_bytes);                  \
+  template <>                                                            \
+  int attention_nat_ctas_per_sm_for<F>(int record_bytes);                \
+  template <>                                                            \
+  int launch_attention_nat_for<F>(const kernels::AttentionParams& p, int row_blocks, void* stream);
+MLAKV_NAT_DECLARE(KvFormat::kBf16)
+MLAKV_NAT_DECLARE(KvFormat::kFp8DsMla)
+MLAKV_NAT_DECLARE(KvFormat::kNvfp4DsMla)
+#undef MLAKV_NAT_DECLARE
+
+// The path table's entries: dispatch on the format; other formats: cudaErrorInvalidValue
+// (1) or 0 CTAs.
+inline int configure_attention_nat(KvFormat format, int record_bytes) {
+  switch (format) {
+    case KvFormat::kBf16: return configure_attention_nat_for<KvFormat::kBf16>(record_bytes);
+    case KvFormat::kFp8DsMla: return configure_attention_nat_for<KvFormat::kFp8DsMla>(record_bytes);
+    case KvFormat::kNvfp4DsMla: return configure_attention_nat_for<KvFormat::kNvfp4DsMla>(record_bytes);
+    default: return 1;  // cudaErrorInvalidValue
+  }
+}
+inline int attention_nat_ctas_per_sm(KvFormat format, int record_bytes) {
+  switch (format) {
+    case KvFormat::kBf16: return attention_nat_ctas_per_sm_for<KvFormat::kBf16>(record_bytes);
+    case KvFormat::kFp8DsMla: return attention_nat_ctas_per_sm_for<KvFormat::kFp8DsMla>(record_bytes);
+    case KvFormat::kNvfp4DsMla: return attention_nat_ctas_per_sm_for<KvFormat::kNvfp4DsMla>(record_bytes);
+    default: return 0;
+  }
+}
+inline int launch_attention_nat(KvFormat format, const kernels::AttentionParams& p, int row_blocks, void* stream) {
+  switch (format) {
+    case KvFormat::kBf16: return launch_attention_nat_for<KvFormat::kBf16>(p, row_blocks, stream);
+    case KvFormat::kFp8DsMla: return launch_attention_nat_for<KvFormat::kFp8DsMla>(p, row_blocks, stream);
+    case KvFormat::kNvfp4DsMla: return launch_attention_nat_for<KvFormat::kNvfp4DsMla>(p, row_blocks, stream);
+    default: return 1;  // cudaErrorInvalidValue
+  }
+}
 
 }  // namespace mlakv::cuda::sm90
