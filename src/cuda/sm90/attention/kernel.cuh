@@ -149,14 +149,7 @@ __device__ __forceinline__ int qdim(int w, int ks, int kidx) {
 [[maybe_unused]] __device__ __forceinline__ int ocol(int w, int j, int n) { return 128 * w + 8 * j + n; }
 
 #if MLAKV_SM90_DEVICE
-// e2m1 nibbles J and J+4 of x -> f16x2 (value * 2^-14): magnitude bits to [11:9],
-// sign to bit 15 of each half.
-template <int J>
-__device__ __forceinline__ uint32_t e2m1_pair(uint32_t x) {
-  constexpr int s_mag = 9 - 4 * J, s_sign = 12 - 4 * J;
-  const uint32_t mag = s_mag >= 0 ? (x << s_mag) : (x >> -s_mag);
-  return (mag & 0x0E000E00u) | ((x << s_sign) & 0x80008000u);
-}
+using ptx::e2m1_pair;  // e2m1 nibbles J and J+4 of a word -> f16x2 (value * 2^-14)
 
 __device__ __forceinline__ uint4 lds128(const uint8_t* p) { return *reinterpret_cast<const uint4*>(p); }
 __device__ __forceinline__ uint2 lds64(const uint8_t* p) { return *reinterpret_cast<const uint2*>(p); }

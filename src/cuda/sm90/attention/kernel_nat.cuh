@@ -160,30 +160,20 @@ __device__ __forceinline__ void e4m3x4_to_bf16(uint32_t w, float s, uint32_t& lo
   lo = mlakv::cuda::ptx::pack_bf16x2(a.x * s, a.y * s);
   hi = mlakv::cuda::ptx::pack_bf16x2(b.x * s, b.y * s);
 }
-// An e4m3 group scale code times 2^14 (exact: e4m3 is at most 448, at least 2^-9): the
-// factor that takes e2m1x8_to_bf16's f16 values (e2m1 x 2^-14) to e2m1 * sf exactly.
-__device__ __forceinline__ float e4m3_scale_x16k(uint32_t code) {
-  return f16x2_to_f32x2(ptx::e4m3x2_to_f16x2(code & 0xFFu)).x * 16384.0f;
-}
 // Eight e2m1 codes (a word, dim i in nibble i: even dims low) as bf16((e2m1 * sf) * s_l)
-// (4 words, dim 2i in the low half of word i), sf16k = sf x 2^14. Each code's sign and
-// magnitude bits go into an f16 (sign bit 15, magnitude bits 11..9: the f16 value is
-// e2m1 x 2^-14 exactly, subnormal codes included); times sf16k it is e2m1 * sf exactly (2 x 4
-// significant bits), times s_l it rounds once to fp32 and then to bf16: the reference's
-// nvfp4_dequantize rounded as the bf16 emulation does. Byte x (both codes) is placed by two
-// multiplies whose shifted copies never overlap: x * (0x1001 << 9) holds the low code's
-// magnitude in bits 9..11 and the high one's in 25..27, x * (0x1001 << 12) the signs in bits
-// 15 and 31.
-__device__ __forceinline__ void e2m1x8_to_bf16(uint32_t w, float sf16k, float s_l, uint4& out) {
-  uint32_t o[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const uint32_t x = __byte_perm(w, 0u, 0x4440u | static_cast<uint32_t>(i));  // byte i alone
-    const uint32_t h = ((x * (0x1001u << 9)) & 0x0E000E00u) | ((x * (0x1001u << 12)) & 0x80008000u);
-    const float2 v = f16x2_to_f32x2(h);
-    o[i] = mlakv::cuda::ptx::pack_bf16x2((v.x * sf16k) * s_l, (v.y * sf16k) * s_l);
-  }
-  out = make_uint4(o[0], o[1], o[2], o[3]);
+// (4 words, dim 2i in the low half of word i), given sc2 = f16x2(sf * 2^7, sf * 2^7) and
+// f = 2^7 * s_l: each pair of nibbles (J, J + 4) becomes an f16x2 of e2m1 x 2^-14 (exact,
+// ptx::e2m1_pair), times sc2 e2m1 * sf * 2^-7 (exact in f16: 2 x 4 significant bits, at
+// least 2^-17), to fp32 (exact) and times f the product (e2m1 * sf) * s_l rounded once to
+// fp32, then to bf16 (RNE): the reference's nvfp4_dequantize rounded as the bf16 emulation does.
+__device__ __forceinline__ uint4 e2m1x8_to_bf16(uint32_t w, uint32_t sc2, float f) {
+  const float2 a = f16x2_to_f32x2(ptx::hmul2(ptx::e2m1_pair<0>(w), sc2));  // dims 0, 4
+  const float2 b = f16x2_to_f32x2(ptx::hmul2(ptx::e2m1_pair<1>(w), sc2));  // 1, 5
+  const float2 c = f16x2_to_f32x2(ptx::hmul2(ptx::e2m1_pair<2>(w), sc2));  // 2, 6
+  const float2 d = f16x2_to_f32x2(ptx::hmul2(ptx::e2m1_pair<3>(w), sc2));  // 3, 7
+  namespace gp = mlakv::cuda::ptx;
+  return make_uint4(gp::pack_bf16x2(a.x * f, b.x * f), gp::pack_bf16x2(c.x * f, d.x * f), gp::pack_bf16x2(a.y * f, b.y * f),
+                    gp::pack_bf16x2(c.y * f, d.y * f));
 }
 
 // Converts token t's latent half staged in the part at `pb` (4 column blocks, the 128-byte
@@ -194,11 +184,26 @@ __device__ __forceinline__ void e2m1x8_to_bf16(uint32_t w, float sf16k, float s_
 // code chunks of its own row that it has already read (fp8: box 0 (block 2) -> blocks 0,
 // 1; box 1 (block 3) -> block 2, then chunk x of block 3 -> chunks 2 (x - 4), 2 (x - 4) + 1;
 // nvfp4: codes in block 3, chunk x -> block x / 2, chunks 4 (x % 2) ..), so no other barrier.
+#ifndef MLAKV_NAT_FP8_BATCH
+#define MLAKV_NAT_FP8_BATCH 2
+#endif
+#ifndef MLAKV_NAT_NVFP4_BATCH
+#define MLAKV_NAT_NVFP4_BATCH 1
+#endif
+// Code chunks loaded together per format (1, 2 or 4: what the converters' 56 registers hold
+// without spilling).
+template <KvFormat F>
+constexpr int kConvBatch = F == KvFormat::kFp8DsMla ? MLAKV_NAT_FP8_BATCH : MLAKV_NAT_NVFP4_BATCH;
 template <KvFormat F>
 __device__ __forceinline__ void convert_half(uint8_t* pb, int t, int h, float s_l, int bar) {
   const int sw = t & 7;
   uint8_t* row = pb + t * 128;
   auto chunk = [&](int blk, int c) __attribute__((always_inline)) { return row + blk * kBlockBytes + ((c ^ sw) << 4); };
+  // Code chunks are loaded kConvBatch<F> at a time before any of their outputs is stored (the
+  // stores may alias the loads as far as the compiler knows, so each batch's loads go
+  // together); a batch's outputs land only on chunks this thread has already loaded.
+  constexpr int kB = kConvBatch<F>;
+  static_assert(kB == 1 || kB == 2 || kB == 4);
   if constexpr (F == KvFormat::kFp8DsMla) {
     const float2 sc = *reinterpret_cast<const float2*>(pb + t * 16 + 8 * h);  // tile scales 2 h, 2 h + 1
     ptx::named_barrier(bar, 64);
@@ -206,34 +211,44 @@ __device__ __forceinline__ void convert_half(uint8_t* pb, int t, int h, float s_
     for (int j = 0; j < 2; ++j) {
       const float s = j ? sc.y : sc.x;
 #pragma unroll
-      for (int x = 0; x < 8; ++x) {
-        const uint4 v = *reinterpret_cast<const uint4*>(chunk(2 + j, x));
-        uint32_t o[8];
-        e4m3x4_to_bf16(v.x, s, o[0], o[1]);
-        e4m3x4_to_bf16(v.y, s, o[2], o[3]);
-        e4m3x4_to_bf16(v.z, s, o[4], o[5]);
-        e4m3x4_to_bf16(v.w, s, o[6], o[7]);
-        const int blk = 2 * j + (x >> 2), c0 = 2 * (x & 3);
-        *reinterpret_cast<uint4*>(chunk(blk, c0)) = make_uint4(o[0], o[1], o[2], o[3]);
-        *reinterpret_cast<uint4*>(chunk(blk, c0 + 1)) = make_uint4(o[4], o[5], o[6], o[7]);
+      for (int g = 0; g < 8 / kB; ++g) {
+        uint4 v[kB];
+#pragma unroll
+        for (int i = 0; i < kB; ++i) v[i] = *reinterpret_cast<const uint4*>(chunk(2 + j, kB * g + i));
+#pragma unroll
+        for (int i = 0; i < kB; ++i) {
+          uint32_t o[8];
+          e4m3x4_to_bf16(v[i].x, s, o[0], o[1]);
+          e4m3x4_to_bf16(v[i].y, s, o[2], o[3]);
+          e4m3x4_to_bf16(v[i].z, s, o[4], o[5]);
+          e4m3x4_to_bf16(v[i].w, s, o[6], o[7]);
+          const int x = kB * g + i, blk = 2 * j + (x >> 2), c0 = 2 * (x & 3);
+          *reinterpret_cast<uint4*>(chunk(blk, c0)) = make_uint4(o[0], o[1], o[2], o[3]);
+          *reinterpret_cast<uint4*>(chunk(blk, c0 + 1)) = make_uint4(o[4], o[5], o[6], o[7]);
+        }
       }
     }
   } else {
     static_assert(F == KvFormat::kNvfp4DsMla);
-    const uint4 g = *reinterpret_cast<const uint4*>(pb + t * 16);  // group scale codes 16 h .. 16 h + 15
+    const uint4 gsc = *reinterpret_cast<const uint4*>(pb + t * 16);  // group scale codes 16 h .. 16 h + 15
     ptx::named_barrier(bar, 64);
-    const uint32_t gw[4] = {g.x, g.y, g.z, g.w};
+    const uint32_t gw[4] = {gsc.x, gsc.y, gsc.z, gsc.w};
+    const float f = 128.0f * s_l;
 #pragma unroll
-    for (int x = 0; x < 8; ++x) {  // code chunk x: dims 32 x .. 32 x + 31 (groups 2 x, 2 x + 1)
-      const uint4 v = *reinterpret_cast<const uint4*>(chunk(3, x));
-      const uint32_t gx = gw[x >> 1] >> (16 * (x & 1));
-      const float sf0 = e4m3_scale_x16k(gx), sf1 = e4m3_scale_x16k(gx >> 8);
-      const uint32_t vw[4] = {v.x, v.y, v.z, v.w};
+    for (int g = 0; g < 8 / kB; ++g) {
+      uint4 v[kB];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        uint4 o;
-        e2m1x8_to_bf16(vw[i], i < 2 ? sf0 : sf1, s_l, o);
-        *reinterpret_cast<uint4*>(chunk(x >> 1, 4 * (x & 1) + i)) = o;
+      for (int i = 0; i < kB; ++i) v[i] = *reinterpret_cast<const uint4*>(chunk(3, kB * g + i));
+#pragma unroll
+      for (int i = 0; i < kB; ++i) {  // code chunk x: dims 32 x .. 32 x + 31 (groups 2 x, 2 x + 1)
+        const int x = kB * g + i;
+        const uint32_t sf2 = ptx::hmul2((x & 1) ? ptx::e4m3x2_hi_to_f16x2(gw[x >> 1]) : ptx::e4m3x2_to_f16x2(gw[x >> 1]),
+                                        0x58005800u);  // (sf0, sf1) x 128 in f16
+        const uint32_t sa = ptx::prmt(sf2, sf2, 0x1010), sb = ptx::prmt(sf2, sf2, 0x3232);
+        *reinterpret_cast<uint4*>(chunk(x >> 1, 4 * (x & 1) + 0)) = e2m1x8_to_bf16(v[i].x, sa, f);
+        *reinterpret_cast<uint4*>(chunk(x >> 1, 4 * (x & 1) + 1)) = e2m1x8_to_bf16(v[i].y, sa, f);
+        *reinterpret_cast<uint4*>(chunk(x >> 1, 4 * (x & 1) + 2)) = e2m1x8_to_bf16(v[i].z, sb, f);
+        *reinterpret_cast<uint4*>(chunk(x >> 1, 4 * (x & 1) + 3)) = e2m1x8_to_bf16(v[i].w, sb, f);
       }
     }
   }

@@ -82,6 +82,15 @@ __device__ __forceinline__ uint32_t e4m3x2_hi_to_f16x2(uint32_t x) {
   return r;
 }
 
+// e2m1 nibbles J and J+4 of x (dim i in nibble i) -> f16x2 (value * 2^-14, exact, the
+// subnormal codes included): magnitude bits to [11:9], sign to bit 15 of each half.
+template <int J>
+__device__ __forceinline__ uint32_t e2m1_pair(uint32_t x) {
+  constexpr int s_mag = 9 - 4 * J, s_sign = 12 - 4 * J;
+  const uint32_t mag = s_mag >= 0 ? (x << s_mag) : (x >> -s_mag);
+  return (mag & 0x0E000E00u) | ((x << s_sign) & 0x80008000u);
+}
+
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   uint32_t r;
   asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
