@@ -377,6 +377,8 @@ const KvFormat kSm90Formats[] = {KvFormat::kBf16, KvFormat::kFp8DsMla, KvFormat:
 // The formats the many-row sm90 kernel serves (the same five).
 const KvFormat kSm90RowsFormats[] = {KvFormat::kBf16, KvFormat::kFp8DsMla, KvFormat::kNvfp4DsMla,
                                      KvFormat::kNvfp4DsMlaFp8Rope, KvFormat::kNvfp4DsMlaInt8Rope};
+// The formats the natural-arrangement kernel serves (sm90_nat).
+const KvFormat kNatFormats[] = {KvFormat::kBf16, KvFormat::kFp8DsMla, KvFormat::kNvfp4DsMla};
 const KvFormat kNvfp4Formats[] = {KvFormat::kNvfp4DsMla, KvFormat::kNvfp4DsMlaFp8Rope, KvFormat::kNvfp4DsMlaInt8Rope};
 
 // ---- attention: one named case per parameter set ------------------------------------------
@@ -623,14 +625,17 @@ std::vector<AttnCase> sanitizer_cases() {
     v.push_back({c});
   }
   for (int bs : {16, 64}) {  // the natural-arrangement kernel (bf16, dense, 64 rows: H = 64 or H = 32 x s_q = 2)
+    for (KvFormat f : kNatFormats) {
     Case c;
-    c.format = KvFormat::kBf16;
+    c.format = f;
+    c.outer_scale = format_info(f).has_outer_scale ? 0.6f : 1.0f;
     c.heads = bs == 16 ? 64 : 32;
     c.s_q = bs == 16 ? 1 : 2;
     c.block_size = bs;
     c.splits = 2;
     c.seqlens = {170, 0, 5};
     v.push_back({c});
+    }
   }
   Case ts;  // the token-scale reader path
   ts.format = KvFormat::kNvfp4DsMlaInt8Rope;
@@ -893,9 +898,19 @@ TEST_F(Cuda, KernelChoiceFollowsTheDeviceAndTheEnvironment) {
     MlaAttentionParams& pw = dw.p;
     auto plan = cuda::plan_mla_attention(pw);
     ASSERT_TRUE(plan.ok()) << plan.status().to_string();
-    EXPECT_EQ(plan->path, is_hopper() ? cuda::AttentionPath::kSm90Rows : cuda::AttentionPath::kSm80);
+    // fp8 at block size 16: the natural-arrangement kernel (it also serves fp8_ds_mla and nvfp4_ds_mla).
+    EXPECT_EQ(plan->path, is_hopper() ? cuda::AttentionPath::kSm90Nat : cuda::AttentionPath::kSm80);
     if (is_hopper()) {
       EXPECT_EQ(plan->row_blocks, 2);
+    }
+    {
+      Case w33 = w;  // a block size the TMA boxes do not tile: the many-row kernel
+      w33.block_size = 33;
+      Host t33 = build(w33);
+      PlanParams d33(t33);
+      auto p33 = cuda::plan_mla_attention(d33.p);
+      ASSERT_TRUE(p33.ok()) << p33.status().to_string();
+      EXPECT_EQ(p33->path, is_hopper() ? cuda::AttentionPath::kSm90Rows : cuda::AttentionPath::kSm80);
     }
     KernelEnv env("sm90");
     auto forced = cuda::plan_mla_attention(pw);
@@ -905,9 +920,10 @@ TEST_F(Cuda, KernelChoiceFollowsTheDeviceAndTheEnvironment) {
     }
   }
   {
-    // The natural-arrangement kernel: bf16 dense requests of >= 64 rows at the block sizes
-    // its TMA boxes tile pick it on Hopper; =sm90_rows keeps them on the many-row kernel;
-    // =sm90_nat refuses 16 rows, the quantized formats, block size 33 and sparse sets.
+    // The natural-arrangement kernel: bf16 (and fp8_ds_mla / nvfp4_ds_mla) dense requests of
+    // >= 64 rows at the block sizes its TMA boxes tile pick it on Hopper; =sm90_rows keeps
+    // them on the many-row kernel; =sm90_nat refuses 16 rows, the 368-byte formats, block
+    // size 33 and sparse sets.
     Case n = c;
     n.format = KvFormat::kBf16;
     n.heads = 128;
@@ -933,6 +949,11 @@ TEST_F(Cuda, KernelChoiceFollowsTheDeviceAndTheEnvironment) {
     auto forced = cuda::plan_mla_attention(dn.p);
     EXPECT_EQ(forced.ok(), is_hopper());
     EXPECT_FALSE(cuda::plan_mla_attention(p).ok());  // fp8, 16 rows
+    Case r368 = n;  // the 368-byte records (an 8-bit rope to convert): not served
+    r368.format = KvFormat::kNvfp4DsMlaFp8Rope;
+    Host t368 = build(r368);
+    PlanParams d368(t368);
+    EXPECT_FALSE(cuda::plan_mla_attention(d368.p).ok());
     Case odd = n;
     odd.block_size = 33;
     Host to = build(odd);
@@ -1157,9 +1178,11 @@ TEST_F(Cuda, HopperManyRowKernelTileEdges) {
 TEST_F(Cuda, HopperNaturalKernelTileEdges) {
   if (!is_hopper()) GTEST_SKIP() << "not an sm_90 device";
   KernelEnv env("sm90_nat");
+  for (KvFormat f : kNatFormats) {
   for (int variant = 0; variant < 5; ++variant) {
     Case c;
-    c.format = KvFormat::kBf16;
+    c.format = f;
+    c.outer_scale = format_info(f).has_outer_scale ? 37.0f : 1.0f;
     c.block_size = variant == 1 ? 8 : (variant == 3 ? 256 : 64);
     c.heads = variant == 0 ? 64 : (variant == 1 ? 16 : (variant == 2 ? 96 : 128));
     c.s_q = variant == 1 ? 4 : (variant == 3 ? 2 : 1);
@@ -1169,8 +1192,10 @@ TEST_F(Cuda, HopperNaturalKernelTileEdges) {
     c.causal = variant != 3;
     c.bf16_q = variant == 1;
     c.seed = static_cast<uint32_t>(1600 + variant);
+    SCOPED_TRACE(fmt::format("{} variant {}", format_name(f), variant));
     check_case(c);
     if (HasFatalFailure()) return;
+  }
   }
 }
 
@@ -1182,9 +1207,11 @@ TEST_F(Cuda, HopperNaturalKernelTileEdges) {
 TEST_F(Cuda, HopperNaturalKernelFollowsRisingScores) {
   if (!is_hopper()) GTEST_SKIP() << "not an sm_90 device";
   KernelEnv env("sm90_nat");
+  for (KvFormat f : kNatFormats) {
   for (int variant = 0; variant < 4; ++variant) {
     Case c;
-    c.format = KvFormat::kBf16;
+    c.format = f;
+    c.outer_scale = format_info(f).has_outer_scale ? 0.6f : 1.0f;
     c.ramp = 1.5f;
     c.block_size = variant == 2 ? 16 : 64;
     c.heads = variant % 2 == 0 ? 128 : 64;
@@ -1193,8 +1220,10 @@ TEST_F(Cuda, HopperNaturalKernelFollowsRisingScores) {
     c.seqlens = {700, 130, 320};
     c.bf16_q = variant == 3;
     c.seed = static_cast<uint32_t>(1800 + variant);
+    SCOPED_TRACE(fmt::format("{} variant {}", format_name(f), variant));
     check_case(c);
     if (HasFatalFailure()) return;
+  }
   }
 }
 
@@ -1230,9 +1259,10 @@ TEST_F(Cuda, RisingScoresOnEveryPath) {
 TEST_F(Cuda, HopperNaturalKernelSkipsInvalidPages) {
   if (!is_hopper()) GTEST_SKIP() << "not an sm_90 device";
   KernelEnv env("sm90_nat");
+  for (KvFormat f : kNatFormats) {
   for (int bs : {16, 64}) {
     Case c;
-    c.format = KvFormat::kBf16;
+    c.format = f;
     c.block_size = bs;
     c.heads = 64;
     c.s_q = 2;
@@ -1247,8 +1277,10 @@ TEST_F(Cuda, HopperNaturalKernelSkipsInvalidPages) {
       if (page * bs >= c.seqlens[static_cast<std::size_t>(b)]) continue;
       test::invalidate_page(t, b, page, page == 9 ? static_cast<int32_t>(t.view.num_blocks + 5) : -1);
     }
+    SCOPED_TRACE(fmt::format("{} block size {}", format_name(f), bs));
     check_built(t);
     if (HasFatalFailure()) return;
+  }
   }
 }
 

@@ -356,7 +356,7 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
             vmask_next = mask;
           }
         }
-#pragma unroll
+#pragma unroll 1
         for (int o = 0; o < 3; ++o) {
           // The parts in the order they are released: the rope block, then the half of the
           // warpgroup that computed the scores (its P V comes first), then the other.

@@ -34,9 +34,9 @@ inline bool nat_supports(KvFormat format, int block_size, int64_t num_slots) {
   return fmt_ok && bs_ok && num_slots >= 1 && num_slots <= 0x7FFFFFFF;
 }
 
-// Whether the plan picks the kernel by itself where nat_supports holds: bf16 only for now;
-// fp8_ds_mla and nvfp4_ds_mla run on it when MLAKV_CUDA_ATTENTION=sm90_nat forces it.
-inline bool nat_is_default(KvFormat format) { return format == KvFormat::kBf16; }
+// Whether the plan picks the kernel by itself where nat_supports holds: every format it
+// serves (on the H200 it is faster than sm90_rows for each; docs/perf.md, seventh session).
+inline bool nat_is_default(KvFormat format) { return nat_supports(format, 64, 1); }
 
 // Per format (instantiations/nat_<format>.cu): the dynamic shared-memory limit (plan time),
 // CTAs per SM (0 on error), and the launch on grid (row_blocks, B, num_splits): the TMA
