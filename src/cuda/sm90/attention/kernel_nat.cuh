@@ -86,8 +86,9 @@ constexpr int kPartRope = 0, kPartL = 1, kPartR = 2, kParts = 3;
 // misc: full[3][2], empty[3][2], then m0_ready, s1_ready, p0_ready, p1_ready, l_ready
 // (8 B each); vmask[2] (8 B each); the rows' m0, e^(m - m0), m1, e^(m0 - m1) (64 fp32
 // each); the final row sums of both warpgroups (2 x 64 fp32).
-// The quantized formats add staged[2][2] (the half's codes and scales landed, before conversion).
-constexpr int kNumBars = 2 * kParts * kStages + 5 + 2 * kStages;
+// The quantized formats add staged[2][2] (the half's codes and scales landed, before
+// conversion) and first[2][2] (the half's first two column blocks converted).
+constexpr int kNumBars = 2 * kParts * kStages + 5 + 4 * kStages;
 constexpr int kMiscBytes = 8 * kNumBars + 8 * kStages + 4 * 64 * 4 + 2 * 64 * 4;
 constexpr int kSmemBytes = 1024 + kQBytes + kQBlockBytes + kStages * kStageBytes + kMiscBytes;  // + 1 KB for the 1024-B alignment
 static_assert(kSmemBytes <= 227 * 1024, "one CTA per SM");
@@ -195,7 +196,7 @@ __device__ __forceinline__ uint4 e2m1x8_to_bf16(uint32_t w, uint32_t sc2, float 
 template <KvFormat F>
 constexpr int kConvBatch = F == KvFormat::kFp8DsMla ? MLAKV_NAT_FP8_BATCH : MLAKV_NAT_NVFP4_BATCH;
 template <KvFormat F>
-__device__ __forceinline__ void convert_half(uint8_t* pb, int t, int h, float s_l, int bar) {
+__device__ __forceinline__ void convert_half(uint8_t* pb, int t, int h, float s_l, int bar, uint32_t first_bar) {
   const int sw = t & 7;
   uint8_t* row = pb + t * 128;
   auto chunk = [&](int blk, int c) __attribute__((always_inline)) { return row + blk * kBlockBytes + ((c ^ sw) << 4); };
@@ -227,6 +228,10 @@ __device__ __forceinline__ void convert_half(uint8_t* pb, int t, int h, float s_
           *reinterpret_cast<uint4*>(chunk(blk, c0 + 1)) = make_uint4(o[4], o[5], o[6], o[7]);
         }
       }
+      if (j == 0) {  // blocks 0 and 1 done: the scores may start on them
+        ptx::fence_proxy_async();
+        ptx::mbar_arrive(first_bar);
+      }
     }
   } else {
     static_assert(F == KvFormat::kNvfp4DsMla);
@@ -249,6 +254,10 @@ __device__ __forceinline__ void convert_half(uint8_t* pb, int t, int h, float s_
         *reinterpret_cast<uint4*>(chunk(x >> 1, 4 * (x & 1) + 1)) = e2m1x8_to_bf16(v[i].y, sa, f);
         *reinterpret_cast<uint4*>(chunk(x >> 1, 4 * (x & 1) + 2)) = e2m1x8_to_bf16(v[i].z, sb, f);
         *reinterpret_cast<uint4*>(chunk(x >> 1, 4 * (x & 1) + 3)) = e2m1x8_to_bf16(v[i].w, sb, f);
+      }
+      if (kB * g + kB == 4) {  // chunks 0..3 = blocks 0 and 1 done: the scores may start on them
+        ptx::fence_proxy_async();
+        ptx::mbar_arrive(first_bar);
       }
     }
   }
@@ -290,6 +299,7 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
   float* ss1 = sm1 + 64;
   float* sl = ss1 + 64;  // sl[wg * 64 + row]
   uint64_t* staged = reinterpret_cast<uint64_t*>(sl + 2 * 64);  // staged[(part - 1) * 2 + stage] (quantized formats)
+  uint64_t* first = staged + 2 * kStages;                        // first[(part - 1) * 2 + stage] (quantized formats)
   constexpr bool kQuant = F != KvFormat::kBf16;
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -306,7 +316,10 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
       ptx::mbar_init(gp::smem_addr(&full[i]), kQuant && i >= kPartL * kStages ? 64 : 1);
       ptx::mbar_init(gp::smem_addr(&empty[i]), 128);
     }
-    for (int i = 0; i < 2 * kStages; ++i) ptx::mbar_init(gp::smem_addr(&staged[i]), 1);
+    for (int i = 0; i < 2 * kStages; ++i) {
+      ptx::mbar_init(gp::smem_addr(&staged[i]), 1);
+      ptx::mbar_init(gp::smem_addr(&first[i]), 64);
+    }
     for (uint64_t* bar = m0_ready; bar != l_ready; ++bar) ptx::mbar_init(gp::smem_addr(bar), 128);
     ptx::mbar_init(gp::smem_addr(l_ready), 256);
     ptx::mbar_init_fence();
@@ -394,7 +407,10 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
           if (part != kPartRope) {
             const int h = part - kPartL;
             ptx::mbar_wait(gp::smem_addr(&staged[h * kStages + k]), u & 1);
-            convert_half<F>(stage + 4 * h * kBlockBytes, ct, h, p.outer_scale, kBarConv + k);
+#ifndef MLAKV_NAT_ABLATE_CONVERT
+            convert_half<F>(stage + 4 * h * kBlockBytes, ct, h, p.outer_scale, kBarConv + k,
+                            gp::smem_addr(&first[h * kStages + k]));
+#endif
             ptx::fence_proxy_async();
             ptx::mbar_arrive(gp::smem_addr(&full[part * kStages + k]));
           }
@@ -549,9 +565,16 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
     ptx::wg_fence();
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) ptx::wgmma_n64_bf16_rs(s, rq[kk], dkr + ((kk * 32) >> 4), kk > 0);
-    if (real) ptx::mbar_wait(gp::smem_addr(&full[part_a * kStages + wg]), u & 1);
+    if constexpr (kQuant) {  // the half's first two blocks, then (at k-step 8) the rest
+      if (real) ptx::mbar_wait(gp::smem_addr(&first[(part_a - kPartL) * kStages + wg]), u & 1);
+    } else {
+      if (real) ptx::mbar_wait(gp::smem_addr(&full[part_a * kStages + wg]), u & 1);
+    }
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
+      if constexpr (kQuant) {
+        if (real && i == 8) ptx::mbar_wait(gp::smem_addr(&full[part_a * kStages + wg]), u & 1);
+      }
       // Descriptor + (byte offset >> 4): the start-address field (addr >> 4, 14 bits) never carries.
       const uint32_t qo = ((i >> 2) * kQBlockBytes + (i & 3) * 32) >> 4, ko = ((i >> 2) * kBlockBytes + (i & 3) * 32) >> 4;
       ptx::wgmma_n64_bf16_ss(s, dqa + qo, dka + ko, 1);
@@ -559,9 +582,16 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
     ptx::wg_commit();
   };
   auto scores_second = [&](int u, bool real) __attribute__((always_inline)) {
-    if (real) ptx::mbar_wait(gp::smem_addr(&full[part_b * kStages + wg]), u & 1);
+    if constexpr (kQuant) {
+      if (real) ptx::mbar_wait(gp::smem_addr(&first[(part_b - kPartL) * kStages + wg]), u & 1);
+    } else {
+      if (real) ptx::mbar_wait(gp::smem_addr(&full[part_b * kStages + wg]), u & 1);
+    }
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
+      if constexpr (kQuant) {
+        if (real && i == 8) ptx::mbar_wait(gp::smem_addr(&full[part_b * kStages + wg]), u & 1);
+      }
       const uint32_t qo = ((i >> 2) * kQBlockBytes + (i & 3) * 32) >> 4, ko = ((i >> 2) * kBlockBytes + (i & 3) * 32) >> 4;
       ptx::wgmma_n64_bf16_ss(s, dqb + qo, dkb + ko, 1);
     }
