@@ -22,7 +22,10 @@
 // the outer scale moves into q), q's latent part (and an 8-bit rope's q) is rounded to f16
 // after a per-row power-of-two prescale, and P
 // to f16 (<= 2^-11, inside the 2^-8 term). The emulation applies exactly those q
-// roundings for that kernel, so the same tolerance derivation holds.
+// roundings for that kernel, so the same tolerance derivation holds. The natural-arrangement
+// kernel (sm90_nat) rounds q, K, V and P to bf16 like the portable kernel (fp8_ds_mla's K / V
+// as bf16(e4m3 * scale)), except nvfp4_ds_mla, whose K / V stay exact (e2m1 * sf) with the
+// outer scale in q: bf16(q * s_l) on the latent dims.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -144,6 +147,10 @@ void emulate(const Host& t, float scale, cuda::AttentionPath path, std::vector<d
   // The sm90 kernel keeps quantized K/V exact and rounds q its own way (see the top).
   const bool exact_kv =
       (path == cuda::AttentionPath::kSm90 || path == cuda::AttentionPath::kSm90Rows) && c.format != KvFormat::kBf16;
+  // sm90_nat on nvfp4_ds_mla keeps the latent's e2m1 * sf exact in bf16 and moves the outer
+  // scale into q: bf16(q * s_l) on the latent dims (and s_l into the output); its other
+  // formats round K / V / q to bf16 like the portable kernel (fp8: bf16(e4m3 * scale)).
+  const bool nat_nvfp4 = path == cuda::AttentionPath::kSm90Nat && c.format == KvFormat::kNvfp4DsMla;
   const int B = static_cast<int>(c.seqlens.size());
   const std::size_t rows = static_cast<std::size_t>(B * c.s_q * c.heads);
   o.assign(rows * kLatentDim, 0.0);
@@ -158,7 +165,9 @@ void emulate(const Host& t, float scale, cuda::AttentionPath path, std::vector<d
       for (std::size_t k = 0; k < n; ++k) {
         float lat[kLatentDim], rope[kRopeDim];
         codec::decode_record(t.view.format, t.view.record(slots[k]), t.view.outer_scale, lat, rope, t.view.token_scale);
-        for (int d = 0; d < kLatentDim; ++d) keys[k * kQkDim + static_cast<std::size_t>(d)] = exact_kv ? lat[d] : bf16r(lat[d]);
+        for (int d = 0; d < kLatentDim; ++d) {
+          keys[k * kQkDim + static_cast<std::size_t>(d)] = exact_kv || nat_nvfp4 ? lat[d] : bf16r(lat[d]);
+        }
         for (int d = 0; d < kRopeDim; ++d) {
           keys[k * kQkDim + kLatentDim + static_cast<std::size_t>(d)] = exact_kv ? rope[d] : bf16r(rope[d]);
         }
@@ -172,6 +181,10 @@ void emulate(const Host& t, float scale, cuda::AttentionPath path, std::vector<d
           qe = sm90_q(qr, c.format, t.view.outer_scale);
         } else {
           for (int d = 0; d < kQkDim; ++d) qe[static_cast<std::size_t>(d)] = bf16r(qr[d]);
+          if (nat_nvfp4) {
+            const float sl = t.view.outer_scale;
+            for (int d = 0; d < kLatentDim; ++d) qe[static_cast<std::size_t>(d)] = bf16r(qr[d] * sl) / static_cast<double>(sl);
+          }
         }
         std::vector<double> s(n);
         double mx = -INFINITY, dmax = 0;

@@ -147,6 +147,10 @@ struct Quant<KvFormat::kNvfp4DsMla> {
                 "16 groups of 16 dims per half, 16-byte aligned parts");
 };
 
+// nvfp4_ds_mla: the K / V tile holds e2m1 * sf * 2^-7 (exact in bf16); q's latent dims and
+// the output carry s_l * kNvfp4QScale.
+constexpr float kNvfp4QScale = 128.0f;
+
 #if MLAKV_SM90_DEVICE
 __device__ __forceinline__ float2 f16x2_to_f32x2(uint32_t x) {
   float lo, hi;
@@ -161,20 +165,38 @@ __device__ __forceinline__ void e4m3x4_to_bf16(uint32_t w, float s, uint32_t& lo
   lo = mlakv::cuda::ptx::pack_bf16x2(a.x * s, a.y * s);
   hi = mlakv::cuda::ptx::pack_bf16x2(b.x * s, b.y * s);
 }
-// Eight e2m1 codes (a word, dim i in nibble i: even dims low) as bf16((e2m1 * sf) * s_l)
-// (4 words, dim 2i in the low half of word i), given sc2 = f16x2(sf * 2^7, sf * 2^7) and
-// f = 2^7 * s_l: each pair of nibbles (J, J + 4) becomes an f16x2 of e2m1 x 2^-14 (exact,
+// The same for a power-of-two scale 2^k, k in [-15, 7] (pow2_f16_scale): the product with
+// the f16 scale is exact in f16 (at most 448 * 2^7 < 65504, every e4m3 value x 2^-15 a
+// multiple of 2^-24), so e4m3 -> f16, one mul.f16x2, f16 -> fp32 -> bf16 are all exact:
+// bf16(e4m3 * s) as above, one multiply per two values instead of two.
+__device__ __forceinline__ void e4m3x4_to_bf16_pow2(uint32_t w, uint32_t s2, uint32_t& lo, uint32_t& hi) {
+  const float2 a = f16x2_to_f32x2(ptx::hmul2(ptx::e4m3x2_to_f16x2(w), s2));
+  const float2 b = f16x2_to_f32x2(ptx::hmul2(ptx::e4m3x2_hi_to_f16x2(w), s2));
+  lo = mlakv::cuda::ptx::pack_bf16x2(a.x, a.y);
+  hi = mlakv::cuda::ptx::pack_bf16x2(b.x, b.y);
+}
+// f16x2(s, s) where s is a power of two 2^k with k in [-15, 7] (the fp8_ds_mla writers' default
+// scales, 2^ceil(log2(amax / 448)) clamped at 2^-13.3), else 0.
+__device__ __forceinline__ uint32_t pow2_f16_scale(float s) {
+  const uint32_t b = __float_as_uint(s), e = b >> 23;  // sign 0 required: e < 256
+  if ((b & 0x007FFFFFu) != 0 || e < 127 - 15 || e > 127 + 7) return 0;
+  const uint32_t h = (e - 127 + 15) << 10;  // f16 2^k (normal: k >= -14), or the subnormal 2^-15
+  const uint32_t h16 = e == 127 - 15 ? 0x0200u : h;
+  return h16 | (h16 << 16);
+}
+// Eight e2m1 codes (a word, dim i in nibble i: even dims low) as bf16(e2m1 * sf * 2^-7)
+// (4 words, dim 2i in the low half of word i), exactly, given sc2 = f16x2(sf * 2^7, sf *
+// 2^7): each pair of nibbles (J, J + 4) becomes an f16x2 of e2m1 x 2^-14 (exact,
 // ptx::e2m1_pair), times sc2 e2m1 * sf * 2^-7 (exact in f16: 2 x 4 significant bits, at
-// least 2^-17), to fp32 (exact) and times f the product (e2m1 * sf) * s_l rounded once to
-// fp32, then to bf16 (RNE): the reference's nvfp4_dequantize rounded as the bf16 emulation does.
-__device__ __forceinline__ uint4 e2m1x8_to_bf16(uint32_t w, uint32_t sc2, float f) {
+// least 2^-17), to fp32 and bf16 (exact). The outer scale s_l and the 2^7 are applied to
+// q's latent dims and to the output instead (kNvfp4QScale).
+__device__ __forceinline__ uint4 e2m1x8_to_bf16(uint32_t w, uint32_t sc2) {
   const float2 a = f16x2_to_f32x2(ptx::hmul2(ptx::e2m1_pair<0>(w), sc2));  // dims 0, 4
   const float2 b = f16x2_to_f32x2(ptx::hmul2(ptx::e2m1_pair<1>(w), sc2));  // 1, 5
   const float2 c = f16x2_to_f32x2(ptx::hmul2(ptx::e2m1_pair<2>(w), sc2));  // 2, 6
   const float2 d = f16x2_to_f32x2(ptx::hmul2(ptx::e2m1_pair<3>(w), sc2));  // 3, 7
   namespace gp = mlakv::cuda::ptx;
-  return make_uint4(gp::pack_bf16x2(a.x * f, b.x * f), gp::pack_bf16x2(c.x * f, d.x * f), gp::pack_bf16x2(a.y * f, b.y * f),
-                    gp::pack_bf16x2(c.y * f, d.y * f));
+  return make_uint4(gp::pack_bf16x2(a.x, b.x), gp::pack_bf16x2(c.x, d.x), gp::pack_bf16x2(a.y, b.y), gp::pack_bf16x2(c.y, d.y));
 }
 
 // Converts token t's latent half staged in the part at `pb` (4 column blocks, the 128-byte
@@ -196,7 +218,7 @@ __device__ __forceinline__ uint4 e2m1x8_to_bf16(uint32_t w, uint32_t sc2, float 
 template <KvFormat F>
 constexpr int kConvBatch = F == KvFormat::kFp8DsMla ? MLAKV_NAT_FP8_BATCH : MLAKV_NAT_NVFP4_BATCH;
 template <KvFormat F>
-__device__ __forceinline__ void convert_half(uint8_t* pb, int t, int h, float s_l, int bar, uint32_t first_bar) {
+__device__ __forceinline__ void convert_half(uint8_t* pb, int t, int h, int bar, uint32_t first_bar) {
   const int sw = t & 7;
   uint8_t* row = pb + t * 128;
   auto chunk = [&](int blk, int c) __attribute__((always_inline)) { return row + blk * kBlockBytes + ((c ^ sw) << 4); };
@@ -211,6 +233,8 @@ __device__ __forceinline__ void convert_half(uint8_t* pb, int t, int h, float s_
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const float s = j ? sc.y : sc.x;
+      const uint32_t s2 = pow2_f16_scale(s);
+      const bool pow2 = __all_sync(0xFFFFFFFFu, s2 != 0);  // the whole warp takes one conversion
 #pragma unroll
       for (int g = 0; g < 8 / kB; ++g) {
         uint4 v[kB];
@@ -219,10 +243,17 @@ __device__ __forceinline__ void convert_half(uint8_t* pb, int t, int h, float s_
 #pragma unroll
         for (int i = 0; i < kB; ++i) {
           uint32_t o[8];
-          e4m3x4_to_bf16(v[i].x, s, o[0], o[1]);
-          e4m3x4_to_bf16(v[i].y, s, o[2], o[3]);
-          e4m3x4_to_bf16(v[i].z, s, o[4], o[5]);
-          e4m3x4_to_bf16(v[i].w, s, o[6], o[7]);
+          if (pow2) {
+            e4m3x4_to_bf16_pow2(v[i].x, s2, o[0], o[1]);
+            e4m3x4_to_bf16_pow2(v[i].y, s2, o[2], o[3]);
+            e4m3x4_to_bf16_pow2(v[i].z, s2, o[4], o[5]);
+            e4m3x4_to_bf16_pow2(v[i].w, s2, o[6], o[7]);
+          } else {
+            e4m3x4_to_bf16(v[i].x, s, o[0], o[1]);
+            e4m3x4_to_bf16(v[i].y, s, o[2], o[3]);
+            e4m3x4_to_bf16(v[i].z, s, o[4], o[5]);
+            e4m3x4_to_bf16(v[i].w, s, o[6], o[7]);
+          }
           const int x = kB * g + i, blk = 2 * j + (x >> 2), c0 = 2 * (x & 3);
           *reinterpret_cast<uint4*>(chunk(blk, c0)) = make_uint4(o[0], o[1], o[2], o[3]);
           *reinterpret_cast<uint4*>(chunk(blk, c0 + 1)) = make_uint4(o[4], o[5], o[6], o[7]);
@@ -238,7 +269,6 @@ __device__ __forceinline__ void convert_half(uint8_t* pb, int t, int h, float s_
     const uint4 gsc = *reinterpret_cast<const uint4*>(pb + t * 16);  // group scale codes 16 h .. 16 h + 15
     ptx::named_barrier(bar, 64);
     const uint32_t gw[4] = {gsc.x, gsc.y, gsc.z, gsc.w};
-    const float f = 128.0f * s_l;
 #pragma unroll
     for (int g = 0; g < 8 / kB; ++g) {
       uint4 v[kB];
@@ -250,10 +280,10 @@ __device__ __forceinline__ void convert_half(uint8_t* pb, int t, int h, float s_
         const uint32_t sf2 = ptx::hmul2((x & 1) ? ptx::e4m3x2_hi_to_f16x2(gw[x >> 1]) : ptx::e4m3x2_to_f16x2(gw[x >> 1]),
                                         0x58005800u);  // (sf0, sf1) x 128 in f16
         const uint32_t sa = ptx::prmt(sf2, sf2, 0x1010), sb = ptx::prmt(sf2, sf2, 0x3232);
-        *reinterpret_cast<uint4*>(chunk(x >> 1, 4 * (x & 1) + 0)) = e2m1x8_to_bf16(v[i].x, sa, f);
-        *reinterpret_cast<uint4*>(chunk(x >> 1, 4 * (x & 1) + 1)) = e2m1x8_to_bf16(v[i].y, sa, f);
-        *reinterpret_cast<uint4*>(chunk(x >> 1, 4 * (x & 1) + 2)) = e2m1x8_to_bf16(v[i].z, sb, f);
-        *reinterpret_cast<uint4*>(chunk(x >> 1, 4 * (x & 1) + 3)) = e2m1x8_to_bf16(v[i].w, sb, f);
+        *reinterpret_cast<uint4*>(chunk(x >> 1, 4 * (x & 1) + 0)) = e2m1x8_to_bf16(v[i].x, sa);
+        *reinterpret_cast<uint4*>(chunk(x >> 1, 4 * (x & 1) + 1)) = e2m1x8_to_bf16(v[i].y, sa);
+        *reinterpret_cast<uint4*>(chunk(x >> 1, 4 * (x & 1) + 2)) = e2m1x8_to_bf16(v[i].z, sb);
+        *reinterpret_cast<uint4*>(chunk(x >> 1, 4 * (x & 1) + 3)) = e2m1x8_to_bf16(v[i].w, sb);
       }
       if (kB * g + kB == 4) {  // chunks 0..3 = blocks 0 and 1 done: the scores may start on them
         ptx::fence_proxy_async();
@@ -408,7 +438,7 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
             const int h = part - kPartL;
             ptx::mbar_wait(gp::smem_addr(&staged[h * kStages + k]), u & 1);
 #ifndef MLAKV_NAT_ABLATE_CONVERT
-            convert_half<F>(stage + 4 * h * kBlockBytes, ct, h, p.outer_scale, kBarConv + k,
+            convert_half<F>(stage + 4 * h * kBlockBytes, ct, h, kBarConv + k,
                             gp::smem_addr(&first[h * kStages + k]));
 #endif
             ptx::fence_proxy_async();
@@ -493,6 +523,9 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
     for (int k = 0; k < kQkDim / 8 / 4; ++k) {
       const int ch = sub + 4 * k;  // 16-byte chunk: dims 8 ch .. 8 ch + 7
       const int64_t d0 = off + 8 * ch;
+      // nvfp4_ds_mla: the latent dims carry s_l * 2^7 (its K tile holds e2m1 * sf * 2^-7):
+      // bf16(q * s_l * 2^7), from f32 q before its rounding, from bf16 q after it.
+      const float ms = F == KvFormat::kNvfp4DsMla && ch < kLatentDim / 8 ? p.outer_scale * kNvfp4QScale : 1.0f;
       uint32_t v[4];
       if (vec && p.q_bf16) {
         const uint4 u = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.q) + d0);
@@ -500,8 +533,8 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
       } else if (vec) {
         const float4 lo = *reinterpret_cast<const float4*>(static_cast<const float*>(p.q) + d0);
         const float4 hi = *reinterpret_cast<const float4*>(static_cast<const float*>(p.q) + d0 + 4);
-        v[0] = gp::pack_bf16x2(lo.x, lo.y), v[1] = gp::pack_bf16x2(lo.z, lo.w);
-        v[2] = gp::pack_bf16x2(hi.x, hi.y), v[3] = gp::pack_bf16x2(hi.z, hi.w);
+        v[0] = gp::pack_bf16x2(lo.x * ms, lo.y * ms), v[1] = gp::pack_bf16x2(lo.z * ms, lo.w * ms);
+        v[2] = gp::pack_bf16x2(hi.x * ms, hi.y * ms), v[3] = gp::pack_bf16x2(hi.z * ms, hi.w * ms);
       } else {
 #pragma unroll
         for (int x = 0; x < 4; ++x) {
@@ -511,7 +544,15 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
             v[x] = static_cast<uint32_t>(q16[d]) | (static_cast<uint32_t>(q16[d + 1]) << 16);
           } else {
             const float* q32 = static_cast<const float*>(p.q);
-            v[x] = gp::pack_bf16x2(q32[d], q32[d + 1]);
+            v[x] = gp::pack_bf16x2(q32[d] * ms, q32[d + 1] * ms);
+          }
+        }
+      }
+      if constexpr (F == KvFormat::kNvfp4DsMla) {
+        if (p.q_bf16 && ms != 1.0f) {
+#pragma unroll
+          for (int x = 0; x < 4; ++x) {
+            v[x] = gp::pack_bf16x2(__uint_as_float(v[x] << 16) * ms, __uint_as_float(v[x] & 0xFFFF0000u) * ms);
           }
         }
       }
@@ -831,7 +872,8 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
     const float l = sl[r] + sl[64 + r];
     if (cw.row0 + r >= cw.rows_req) continue;
     const bool is_empty = l == 0.0f;
-    const float inv_l = is_empty ? 0.0f : 1.0f / l;
+    // (nvfp4_ds_mla: V holds e2m1 * sf * 2^-7, s_l * 2^7 comes back here.)
+    const float inv_l = is_empty ? 0.0f : (F == KvFormat::kNvfp4DsMla ? p.outer_scale * kNvfp4QScale : 1.0f) / l;
     const float lse = is_empty ? -INFINITY : (m_run[h] + log2f(l)) * kLn2;
     const int i = cw.query(p, r), hh = cw.head(p, r);
     const bool lse_here = wg == 0 && c == 0;
