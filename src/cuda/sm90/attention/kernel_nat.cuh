@@ -86,9 +86,8 @@ constexpr int kPartRope = 0, kPartL = 1, kPartR = 2, kParts = 3;
 // misc: full[3][2], empty[3][2], then m0_ready, s1_ready, p0_ready, p1_ready, l_ready
 // (8 B each); vmask[2] (8 B each); the rows' m0, e^(m - m0), m1, e^(m0 - m1) (64 fp32
 // each); the final row sums of both warpgroups (2 x 64 fp32).
-// The quantized formats add staged[2][2] (the half's codes and scales landed, before
-// conversion) and first[2][2] (the half's first two column blocks converted).
-constexpr int kNumBars = 2 * kParts * kStages + 5 + 4 * kStages;
+// The quantized formats add staged[2][2] (the half's codes and scales landed, before conversion).
+constexpr int kNumBars = 2 * kParts * kStages + 5 + 2 * kStages;
 constexpr int kMiscBytes = 8 * kNumBars + 8 * kStages + 4 * 64 * 4 + 2 * 64 * 4;
 constexpr int kSmemBytes = 1024 + kQBytes + kQBlockBytes + kStages * kStageBytes + kMiscBytes;  // + 1 KB for the 1024-B alignment
 static_assert(kSmemBytes <= 227 * 1024, "one CTA per SM");
@@ -165,25 +164,6 @@ __device__ __forceinline__ void e4m3x4_to_bf16(uint32_t w, float s, uint32_t& lo
   lo = mlakv::cuda::ptx::pack_bf16x2(a.x * s, a.y * s);
   hi = mlakv::cuda::ptx::pack_bf16x2(b.x * s, b.y * s);
 }
-// The same for a power-of-two scale 2^k, k in [-15, 7] (pow2_f16_scale): the product with
-// the f16 scale is exact in f16 (at most 448 * 2^7 < 65504, every e4m3 value x 2^-15 a
-// multiple of 2^-24), so e4m3 -> f16, one mul.f16x2, f16 -> fp32 -> bf16 are all exact:
-// bf16(e4m3 * s) as above, one multiply per two values instead of two.
-__device__ __forceinline__ void e4m3x4_to_bf16_pow2(uint32_t w, uint32_t s2, uint32_t& lo, uint32_t& hi) {
-  const float2 a = f16x2_to_f32x2(ptx::hmul2(ptx::e4m3x2_to_f16x2(w), s2));
-  const float2 b = f16x2_to_f32x2(ptx::hmul2(ptx::e4m3x2_hi_to_f16x2(w), s2));
-  lo = mlakv::cuda::ptx::pack_bf16x2(a.x, a.y);
-  hi = mlakv::cuda::ptx::pack_bf16x2(b.x, b.y);
-}
-// f16x2(s, s) where s is a power of two 2^k with k in [-15, 7] (the fp8_ds_mla writers' default
-// scales, 2^ceil(log2(amax / 448)) clamped at 2^-13.3), else 0.
-__device__ __forceinline__ uint32_t pow2_f16_scale(float s) {
-  const uint32_t b = __float_as_uint(s), e = b >> 23;  // sign 0 required: e < 256
-  if ((b & 0x007FFFFFu) != 0 || e < 127 - 15 || e > 127 + 7) return 0;
-  const uint32_t h = (e - 127 + 15) << 10;  // f16 2^k (normal: k >= -14), or the subnormal 2^-15
-  const uint32_t h16 = e == 127 - 15 ? 0x0200u : h;
-  return h16 | (h16 << 16);
-}
 // Eight e2m1 codes (a word, dim i in nibble i: even dims low) as bf16(e2m1 * sf * 2^-7)
 // (4 words, dim 2i in the low half of word i), exactly, given sc2 = f16x2(sf * 2^7, sf *
 // 2^7): each pair of nibbles (J, J + 4) becomes an f16x2 of e2m1 x 2^-14 (exact,
@@ -218,7 +198,7 @@ __device__ __forceinline__ uint4 e2m1x8_to_bf16(uint32_t w, uint32_t sc2) {
 template <KvFormat F>
 constexpr int kConvBatch = F == KvFormat::kFp8DsMla ? MLAKV_NAT_FP8_BATCH : MLAKV_NAT_NVFP4_BATCH;
 template <KvFormat F>
-__device__ __forceinline__ void convert_half(uint8_t* pb, int t, int h, int bar, uint32_t first_bar) {
+__device__ __forceinline__ void convert_half(uint8_t* pb, int t, int h, int bar) {
   const int sw = t & 7;
   uint8_t* row = pb + t * 128;
   auto chunk = [&](int blk, int c) __attribute__((always_inline)) { return row + blk * kBlockBytes + ((c ^ sw) << 4); };
@@ -233,8 +213,6 @@ __device__ __forceinline__ void convert_half(uint8_t* pb, int t, int h, int bar,
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const float s = j ? sc.y : sc.x;
-      const uint32_t s2 = pow2_f16_scale(s);
-      const bool pow2 = __all_sync(0xFFFFFFFFu, s2 != 0);  // the whole warp takes one conversion
 #pragma unroll
       for (int g = 0; g < 8 / kB; ++g) {
         uint4 v[kB];
@@ -243,25 +221,14 @@ __device__ __forceinline__ void convert_half(uint8_t* pb, int t, int h, int bar,
 #pragma unroll
         for (int i = 0; i < kB; ++i) {
           uint32_t o[8];
-          if (pow2) {
-            e4m3x4_to_bf16_pow2(v[i].x, s2, o[0], o[1]);
-            e4m3x4_to_bf16_pow2(v[i].y, s2, o[2], o[3]);
-            e4m3x4_to_bf16_pow2(v[i].z, s2, o[4], o[5]);
-            e4m3x4_to_bf16_pow2(v[i].w, s2, o[6], o[7]);
-          } else {
-            e4m3x4_to_bf16(v[i].x, s, o[0], o[1]);
-            e4m3x4_to_bf16(v[i].y, s, o[2], o[3]);
-            e4m3x4_to_bf16(v[i].z, s, o[4], o[5]);
-            e4m3x4_to_bf16(v[i].w, s, o[6], o[7]);
-          }
+          e4m3x4_to_bf16(v[i].x, s, o[0], o[1]);
+          e4m3x4_to_bf16(v[i].y, s, o[2], o[3]);
+          e4m3x4_to_bf16(v[i].z, s, o[4], o[5]);
+          e4m3x4_to_bf16(v[i].w, s, o[6], o[7]);
           const int x = kB * g + i, blk = 2 * j + (x >> 2), c0 = 2 * (x & 3);
           *reinterpret_cast<uint4*>(chunk(blk, c0)) = make_uint4(o[0], o[1], o[2], o[3]);
           *reinterpret_cast<uint4*>(chunk(blk, c0 + 1)) = make_uint4(o[4], o[5], o[6], o[7]);
         }
-      }
-      if (j == 0) {  // blocks 0 and 1 done: the scores may start on them
-        ptx::fence_proxy_async();
-        ptx::mbar_arrive(first_bar);
       }
     }
   } else {
@@ -284,10 +251,6 @@ __device__ __forceinline__ void convert_half(uint8_t* pb, int t, int h, int bar,
         *reinterpret_cast<uint4*>(chunk(x >> 1, 4 * (x & 1) + 1)) = e2m1x8_to_bf16(v[i].y, sa);
         *reinterpret_cast<uint4*>(chunk(x >> 1, 4 * (x & 1) + 2)) = e2m1x8_to_bf16(v[i].z, sb);
         *reinterpret_cast<uint4*>(chunk(x >> 1, 4 * (x & 1) + 3)) = e2m1x8_to_bf16(v[i].w, sb);
-      }
-      if (kB * g + kB == 4) {  // chunks 0..3 = blocks 0 and 1 done: the scores may start on them
-        ptx::fence_proxy_async();
-        ptx::mbar_arrive(first_bar);
       }
     }
   }
@@ -329,7 +292,6 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
   float* ss1 = sm1 + 64;
   float* sl = ss1 + 64;  // sl[wg * 64 + row]
   uint64_t* staged = reinterpret_cast<uint64_t*>(sl + 2 * 64);  // staged[(part - 1) * 2 + stage] (quantized formats)
-  uint64_t* first = staged + 2 * kStages;                        // first[(part - 1) * 2 + stage] (quantized formats)
   constexpr bool kQuant = F != KvFormat::kBf16;
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -346,10 +308,7 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
       ptx::mbar_init(gp::smem_addr(&full[i]), kQuant && i >= kPartL * kStages ? 64 : 1);
       ptx::mbar_init(gp::smem_addr(&empty[i]), 128);
     }
-    for (int i = 0; i < 2 * kStages; ++i) {
-      ptx::mbar_init(gp::smem_addr(&staged[i]), 1);
-      ptx::mbar_init(gp::smem_addr(&first[i]), 64);
-    }
+    for (int i = 0; i < 2 * kStages; ++i) ptx::mbar_init(gp::smem_addr(&staged[i]), 1);
     for (uint64_t* bar = m0_ready; bar != l_ready; ++bar) ptx::mbar_init(gp::smem_addr(bar), 128);
     ptx::mbar_init(gp::smem_addr(l_ready), 256);
     ptx::mbar_init_fence();
@@ -438,8 +397,7 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
             const int h = part - kPartL;
             ptx::mbar_wait(gp::smem_addr(&staged[h * kStages + k]), u & 1);
 #ifndef MLAKV_NAT_ABLATE_CONVERT
-            convert_half<F>(stage + 4 * h * kBlockBytes, ct, h, kBarConv + k,
-                            gp::smem_addr(&first[h * kStages + k]));
+            convert_half<F>(stage + 4 * h * kBlockBytes, ct, h, kBarConv + k);
 #endif
             ptx::fence_proxy_async();
             ptx::mbar_arrive(gp::smem_addr(&full[part * kStages + k]));
@@ -606,16 +564,9 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
     ptx::wg_fence();
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) ptx::wgmma_n64_bf16_rs(s, rq[kk], dkr + ((kk * 32) >> 4), kk > 0);
-    if constexpr (kQuant) {  // the half's first two blocks, then (at k-step 8) the rest
-      if (real) ptx::mbar_wait(gp::smem_addr(&first[(part_a - kPartL) * kStages + wg]), u & 1);
-    } else {
-      if (real) ptx::mbar_wait(gp::smem_addr(&full[part_a * kStages + wg]), u & 1);
-    }
+    if (real) ptx::mbar_wait(gp::smem_addr(&full[part_a * kStages + wg]), u & 1);
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
-      if constexpr (kQuant) {
-        if (real && i == 8) ptx::mbar_wait(gp::smem_addr(&full[part_a * kStages + wg]), u & 1);
-      }
       // Descriptor + (byte offset >> 4): the start-address field (addr >> 4, 14 bits) never carries.
       const uint32_t qo = ((i >> 2) * kQBlockBytes + (i & 3) * 32) >> 4, ko = ((i >> 2) * kBlockBytes + (i & 3) * 32) >> 4;
       ptx::wgmma_n64_bf16_ss(s, dqa + qo, dka + ko, 1);
@@ -623,16 +574,9 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
     ptx::wg_commit();
   };
   auto scores_second = [&](int u, bool real) __attribute__((always_inline)) {
-    if constexpr (kQuant) {
-      if (real) ptx::mbar_wait(gp::smem_addr(&first[(part_b - kPartL) * kStages + wg]), u & 1);
-    } else {
-      if (real) ptx::mbar_wait(gp::smem_addr(&full[part_b * kStages + wg]), u & 1);
-    }
+    if (real) ptx::mbar_wait(gp::smem_addr(&full[part_b * kStages + wg]), u & 1);
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
-      if constexpr (kQuant) {
-        if (real && i == 8) ptx::mbar_wait(gp::smem_addr(&full[part_b * kStages + wg]), u & 1);
-      }
       const uint32_t qo = ((i >> 2) * kQBlockBytes + (i & 3) * 32) >> 4, ko = ((i >> 2) * kBlockBytes + (i & 3) * 32) >> 4;
       ptx::wgmma_n64_bf16_ss(s, dqb + qo, dkb + ko, 1);
     }
