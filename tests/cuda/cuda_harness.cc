@@ -24,8 +24,8 @@
 // to f16 (<= 2^-11, inside the 2^-8 term). The emulation applies exactly those q
 // roundings for that kernel, so the same tolerance derivation holds. The natural-arrangement
 // kernel (sm90_nat) rounds q, K, V and P to bf16 like the portable kernel (fp8_ds_mla's K / V
-// as bf16(e4m3 * scale)), except nvfp4_ds_mla, whose K / V stay exact (e2m1 * sf) with the
-// outer scale in q: bf16(q * s_l) on the latent dims.
+// as bf16(e4m3 * scale), an 8-bit rope as bf16(code * rs)), except the nvfp4 latents, which
+// stay exact (e2m1 * sf) with the outer scale in q: bf16(q * s_l) on the latent dims.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -147,10 +147,11 @@ void emulate(const Host& t, float scale, cuda::AttentionPath path, std::vector<d
   // The sm90 kernel keeps quantized K/V exact and rounds q its own way (see the top).
   const bool exact_kv =
       (path == cuda::AttentionPath::kSm90 || path == cuda::AttentionPath::kSm90Rows) && c.format != KvFormat::kBf16;
-  // sm90_nat on nvfp4_ds_mla keeps the latent's e2m1 * sf exact in bf16 and moves the outer
-  // scale into q: bf16(q * s_l) on the latent dims (and s_l into the output); its other
-  // formats round K / V / q to bf16 like the portable kernel (fp8: bf16(e4m3 * scale)).
-  const bool nat_nvfp4 = path == cuda::AttentionPath::kSm90Nat && c.format == KvFormat::kNvfp4DsMla;
+  // sm90_nat on the nvfp4 formats keeps the latent's e2m1 * sf exact in bf16 and moves the
+  // outer scale into q: bf16(q * s_l) on the latent dims (and s_l into the output); the rest
+  // rounds K / V / q to bf16 like the portable kernel (fp8: bf16(e4m3 * scale), an 8-bit
+  // rope bf16(code * rs)).
+  const bool nat_nvfp4 = path == cuda::AttentionPath::kSm90Nat && is_nvfp4_format(c.format);
   const int B = static_cast<int>(c.seqlens.size());
   const std::size_t rows = static_cast<std::size_t>(B * c.s_q * c.heads);
   o.assign(rows * kLatentDim, 0.0);
@@ -391,7 +392,8 @@ const KvFormat kSm90Formats[] = {KvFormat::kBf16, KvFormat::kFp8DsMla, KvFormat:
 const KvFormat kSm90RowsFormats[] = {KvFormat::kBf16, KvFormat::kFp8DsMla, KvFormat::kNvfp4DsMla,
                                      KvFormat::kNvfp4DsMlaFp8Rope, KvFormat::kNvfp4DsMlaInt8Rope};
 // The formats the natural-arrangement kernel serves (sm90_nat).
-const KvFormat kNatFormats[] = {KvFormat::kBf16, KvFormat::kFp8DsMla, KvFormat::kNvfp4DsMla};
+const KvFormat kNatFormats[] = {KvFormat::kBf16, KvFormat::kFp8DsMla, KvFormat::kNvfp4DsMla, KvFormat::kNvfp4DsMlaFp8Rope,
+                                KvFormat::kNvfp4DsMlaInt8Rope};
 const KvFormat kNvfp4Formats[] = {KvFormat::kNvfp4DsMla, KvFormat::kNvfp4DsMlaFp8Rope, KvFormat::kNvfp4DsMlaInt8Rope};
 
 // ---- attention: one named case per parameter set ------------------------------------------
@@ -733,10 +735,10 @@ std::vector<AttnCase> natural_cases() {
 
 INSTANTIATE_TEST_SUITE_P(NaturalKernel, CudaAttention, ::testing::ValuesIn(natural_cases()), attn_case_name);
 
-// The natural-arrangement kernel for fp8_ds_mla and nvfp4_ds_mla records (sm90_nat,
-// forced: the plan does not pick it by itself yet; the codes and scales of each tile half
-// are staged by TMA and converted in place to bf16(e4m3 * scale) / bf16((e2m1 * sf) * s_l)
-// by the converter warps): heads {64, 128} x s_q {1, 2} x both sequence sets, every block
+// The natural-arrangement kernel for the quantized records (sm90_nat, forced, so the case
+// asserts the path; the codes and scales of each tile half, and an 8-bit rope, are staged
+// by TMA and converted in place to bf16(e4m3 * scale), e2m1 * sf * 2^-7 (s_l in q) and
+// bf16(code * rs) by the converter warps): heads {64, 128} x s_q {1, 2} x both sequence sets, every block
 // size it takes (8, 16, 32, 64, 128), split counts {1, 2, 3, 5}, NaN-poisoned unused slots
 // in the last pages, empty and one-token requests, causal and not, bf16 q, an inexact
 // outer scale (0.6180339: the product with s_l rounds in fp32 before bf16, as the
@@ -745,7 +747,7 @@ std::vector<AttnCase> natural_quant_cases() {
   std::vector<AttnCase> v;
   const int block_sizes[] = {8, 16, 32, 64, 128}, split_counts[] = {1, 2, 3, 5};
   int k = 0;
-  for (KvFormat f : {KvFormat::kFp8DsMla, KvFormat::kNvfp4DsMla}) {
+  for (KvFormat f : {KvFormat::kFp8DsMla, KvFormat::kNvfp4DsMla, KvFormat::kNvfp4DsMlaFp8Rope, KvFormat::kNvfp4DsMlaInt8Rope}) {
     for (int heads : {64, 128}) {
       for (int s_q : {1, 2}) {
         for (int variant = 0; variant < 2; ++variant) {
@@ -935,7 +937,7 @@ TEST_F(Cuda, KernelChoiceFollowsTheDeviceAndTheEnvironment) {
   {
     // The natural-arrangement kernel: bf16 (and fp8_ds_mla / nvfp4_ds_mla) dense requests of
     // >= 64 rows at the block sizes its TMA boxes tile pick it on Hopper; =sm90_rows keeps
-    // them on the many-row kernel; =sm90_nat refuses 16 rows, the 368-byte formats, block
+    // them on the many-row kernel; =sm90_nat refuses 16 rows, the token-scale mode, block
     // size 33 and sparse sets.
     Case n = c;
     n.format = KvFormat::kBf16;
@@ -962,11 +964,12 @@ TEST_F(Cuda, KernelChoiceFollowsTheDeviceAndTheEnvironment) {
     auto forced = cuda::plan_mla_attention(dn.p);
     EXPECT_EQ(forced.ok(), is_hopper());
     EXPECT_FALSE(cuda::plan_mla_attention(p).ok());  // fp8, 16 rows
-    Case r368 = n;  // the 368-byte records (an 8-bit rope to convert): not served
-    r368.format = KvFormat::kNvfp4DsMlaFp8Rope;
-    Host t368 = build(r368);
-    PlanParams d368(t368);
-    EXPECT_FALSE(cuda::plan_mla_attention(d368.p).ok());
+    Case ts = n;  // the token-scale mode: not served (sm80 for now)
+    ts.format = KvFormat::kNvfp4DsMlaFp8Rope;
+    ts.token_scale = true;
+    Host tts = build(ts);
+    PlanParams dts(tts);
+    EXPECT_FALSE(cuda::plan_mla_attention(dts.p).ok());
     Case odd = n;
     odd.block_size = 33;
     Host to = build(odd);

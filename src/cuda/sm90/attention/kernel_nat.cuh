@@ -86,8 +86,9 @@ constexpr int kPartRope = 0, kPartL = 1, kPartR = 2, kParts = 3;
 // misc: full[3][2], empty[3][2], then m0_ready, s1_ready, p0_ready, p1_ready, l_ready
 // (8 B each); vmask[2] (8 B each); the rows' m0, e^(m - m0), m1, e^(m0 - m1) (64 fp32
 // each); the final row sums of both warpgroups (2 x 64 fp32).
-// The quantized formats add staged[2][2] (the half's codes and scales landed, before conversion).
-constexpr int kNumBars = 2 * kParts * kStages + 5 + 2 * kStages;
+// The quantized formats add staged[3][2] (a part's codes and scales landed, before conversion:
+// the halves, and the rope of the 368-byte records).
+constexpr int kNumBars = 2 * kParts * kStages + 5 + 3 * kStages;
 constexpr int kMiscBytes = 8 * kNumBars + 8 * kStages + 4 * 64 * 4 + 2 * 64 * 4;
 constexpr int kSmemBytes = 1024 + kQBytes + kQBlockBytes + kStages * kStageBytes + kMiscBytes;  // + 1 KB for the 1024-B alignment
 static_assert(kSmemBytes <= 227 * 1024, "one CTA per SM");
@@ -130,6 +131,7 @@ struct Quant<KvFormat::kFp8DsMla> {
   static constexpr int kRecordBytes = layout::fp8_ds_mla::kRecordBytes;
   static constexpr int kRawBoxes = 2;                    // 256 e4m3 codes per half
   static constexpr int kRopeCol = layout::fp8_ds_mla::kRopeOffset;        // bf16 rope, 128 B
+  static constexpr bool kRopeConvert = false;
   static constexpr int raw_col(int h, int j) { return layout::fp8_ds_mla::kLatentOffset + 256 * h + 128 * j; }
   static constexpr int kScaleCol = layout::fp8_ds_mla::kScaleOffset;      // 4 fp32 tile scales (16 B): half h reads 2 h, 2 h + 1
   static_assert(layout::fp8_ds_mla::kTileDim == 128 && layout::fp8_ds_mla::kNumTiles == 4 && layout::fp8_ds_mla::kRopeOffset % 16 == 0 && layout::fp8_ds_mla::kScaleOffset % 16 == 0,
@@ -140,6 +142,7 @@ struct Quant<KvFormat::kNvfp4DsMla> {
   static constexpr int kRecordBytes = layout::nvfp4_ds_mla::kRecordBytes;
   static constexpr int kRawBoxes = 1;                    // 256 e2m1 codes (128 B) per half
   static constexpr int kRopeCol = layout::nvfp4_ds_mla::kRopeOffset;        // bf16 rope, 128 B
+  static constexpr bool kRopeConvert = false;
   static constexpr int raw_col(int h, int /*j*/) { return layout::nvfp4_ds_mla::kLatentOffset + 128 * h; }
   static constexpr int kScaleCol = layout::nvfp4_ds_mla::kScaleOffset;      // half h: the 16 group scales at + 16 h
   static_assert(layout::nvfp4_ds_mla::kGroupDim == 16 && layout::nvfp4_ds_mla::kNumGroups == 32 && layout::nvfp4_ds_mla::kRopeOffset % 16 == 0 && layout::nvfp4_ds_mla::kScaleOffset % 16 == 0,
@@ -149,6 +152,39 @@ struct Quant<KvFormat::kNvfp4DsMla> {
 // nvfp4_ds_mla: the K / V tile holds e2m1 * sf * 2^-7 (exact in bf16); q's latent dims and
 // the output carry s_l * kNvfp4QScale.
 constexpr float kNvfp4QScale = 128.0f;
+
+// The 368-byte records: nvfp4_ds_mla's latent bytes, an 8-bit rope (e4m3 or int8) times the
+// record's fp32 rope scale. One 128-byte box from byte 240 holds the rope scale (box byte
+// 48) and the 64 rope codes (box bytes 64 .. 127): staged in the rope block and converted
+// there in place (convert_rope).
+template <KvFormat F>
+struct Quant368 {
+  static constexpr int kRecordBytes = layout::nvfp4_ds_mla_fp8rope::kRecordBytes;
+  static constexpr int kRawBoxes = 1;
+  static constexpr int kRopeCol = layout::nvfp4_ds_mla_fp8rope::kRopeOffset - 64;  // 240
+  static constexpr int kRopeScaleInBox = layout::nvfp4_ds_mla_fp8rope::kRopeScaleOffset - kRopeCol;  // 48
+  static constexpr bool kRopeConvert = true;
+  static constexpr int raw_col(int h, int /*j*/) { return layout::nvfp4_ds_mla::kLatentOffset + 128 * h; }
+  static constexpr int kScaleCol = layout::nvfp4_ds_mla::kScaleOffset;
+  static_assert(kRecordBytes == 368 && kRopeCol % 16 == 0 && kRopeScaleInBox == 48 && kRopeCol + 128 == kRecordBytes &&
+                    layout::nvfp4_ds_mla_fp8rope::kLatentOffset == layout::nvfp4_ds_mla::kLatentOffset &&
+                    layout::nvfp4_ds_mla_fp8rope::kScaleOffset == layout::nvfp4_ds_mla::kScaleOffset &&
+                    layout::nvfp4_ds_mla_int8rope::kRopeOffset == layout::nvfp4_ds_mla_fp8rope::kRopeOffset,
+                "the box from byte 240 ends at the record's end; the latent as nvfp4_ds_mla's");
+};
+template <>
+struct Quant<KvFormat::kNvfp4DsMlaFp8Rope> : Quant368<KvFormat::kNvfp4DsMlaFp8Rope> {};
+template <>
+struct Quant<KvFormat::kNvfp4DsMlaInt8Rope> : Quant368<KvFormat::kNvfp4DsMlaInt8Rope> {};
+// Whether the format's rope is converted by the converter warps (the 368-byte records).
+template <KvFormat F>
+constexpr bool rope_converted() {
+  if constexpr (F == KvFormat::kBf16) return false;
+  else return Quant<F>::kRopeConvert;
+}
+// The e2m1 latent formats (the tile holds e2m1 * sf * 2^-7; q and the output carry s_l * 2^7).
+template <KvFormat F>
+constexpr bool kNatE2m1 = F == KvFormat::kNvfp4DsMla || F == KvFormat::kNvfp4DsMlaFp8Rope || F == KvFormat::kNvfp4DsMlaInt8Rope;
 
 #if MLAKV_SM90_DEVICE
 __device__ __forceinline__ float2 f16x2_to_f32x2(uint32_t x) {
@@ -197,6 +233,42 @@ __device__ __forceinline__ uint4 e2m1x8_to_bf16(uint32_t w, uint32_t sc2) {
 // without spilling).
 template <KvFormat F>
 constexpr int kConvBatch = F == KvFormat::kFp8DsMla ? MLAKV_NAT_FP8_BATCH : MLAKV_NAT_NVFP4_BATCH;
+// The 368-byte records: converts token t's 8-bit rope staged in the rope block at `rb` (one
+// 128-byte box row from record byte 240, 128-byte swizzle) in place to 64 bf16: output chunk
+// c (dims 8 c .. 8 c + 7) comes from code chunk 4 + c / 2 and lands on chunk c, which this
+// thread has read already (the scale in chunk 3 first; chunk c >= 4 holds codes of outputs
+// 2 (c - 4), 2 (c - 4) + 1, converted before). bf16(e4m3 * rs) or bf16(int8 * rs), the
+// reference decode rounded as the bf16 emulation does.
+template <KvFormat F>
+__device__ __forceinline__ void convert_rope(uint8_t* rb, int t) {
+  const int sw = t & 7;
+  uint8_t* row = rb + t * 128;
+  auto chunk = [&](int c) __attribute__((always_inline)) { return row + ((c ^ sw) << 4); };
+  const float rs = *reinterpret_cast<const float*>(chunk(Quant<F>::kRopeScaleInBox / 16) + Quant<F>::kRopeScaleInBox % 16);
+  namespace gp = mlakv::cuda::ptx;
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {  // code chunk 4 + q: dims 16 q .. 16 q + 15 -> output chunks 2 q, 2 q + 1
+    const uint4 v = *reinterpret_cast<const uint4*>(chunk(4 + q));
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+    uint32_t o[8];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float x[4];
+      if constexpr (F == KvFormat::kNvfp4DsMlaInt8Rope) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) x[k] = static_cast<float>(static_cast<int32_t>(w[i] << (24 - 8 * k)) >> 24);
+      } else {
+        const float2 a = f16x2_to_f32x2(ptx::e4m3x2_to_f16x2(w[i])), b2 = f16x2_to_f32x2(ptx::e4m3x2_hi_to_f16x2(w[i]));
+        x[0] = a.x, x[1] = a.y, x[2] = b2.x, x[3] = b2.y;
+      }
+      o[2 * i] = gp::pack_bf16x2(x[0] * rs, x[1] * rs);
+      o[2 * i + 1] = gp::pack_bf16x2(x[2] * rs, x[3] * rs);
+    }
+    *reinterpret_cast<uint4*>(chunk(2 * q)) = make_uint4(o[0], o[1], o[2], o[3]);
+    *reinterpret_cast<uint4*>(chunk(2 * q + 1)) = make_uint4(o[4], o[5], o[6], o[7]);
+  }
+}
+
 template <KvFormat F>
 __device__ __forceinline__ void convert_half(uint8_t* pb, int t, int h, int bar) {
   const int sw = t & 7;
@@ -232,7 +304,7 @@ __device__ __forceinline__ void convert_half(uint8_t* pb, int t, int h, int bar)
       }
     }
   } else {
-    static_assert(F == KvFormat::kNvfp4DsMla);
+    static_assert(kNatE2m1<F>);
     const uint4 gsc = *reinterpret_cast<const uint4*>(pb + t * 16);  // group scale codes 16 h .. 16 h + 15
     ptx::named_barrier(bar, 64);
     const uint32_t gw[4] = {gsc.x, gsc.y, gsc.z, gsc.w};
@@ -291,8 +363,9 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
   float* sm1 = ss0 + 64;
   float* ss1 = sm1 + 64;
   float* sl = ss1 + 64;  // sl[wg * 64 + row]
-  uint64_t* staged = reinterpret_cast<uint64_t*>(sl + 2 * 64);  // staged[(part - 1) * 2 + stage] (quantized formats)
+  uint64_t* staged = reinterpret_cast<uint64_t*>(sl + 2 * 64);  // staged[(part - 1) * 2 + stage]; staged[4 + stage]: the rope
   constexpr bool kQuant = F != KvFormat::kBf16;
+  constexpr bool kRopeConv = rope_converted<F>();
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int split = blockIdx.z;
@@ -305,10 +378,10 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
   if (tid == 0) {
     for (int i = 0; i < kParts * kStages; ++i) {
       // The quantized formats' V halves are full when both converter warps of the stage arrive.
-      ptx::mbar_init(gp::smem_addr(&full[i]), kQuant && i >= kPartL * kStages ? 64 : 1);
+      ptx::mbar_init(gp::smem_addr(&full[i]), (kQuant && i >= kPartL * kStages) || (kRopeConv && i < kStages) ? 64 : 1);
       ptx::mbar_init(gp::smem_addr(&empty[i]), 128);
     }
-    for (int i = 0; i < 2 * kStages; ++i) ptx::mbar_init(gp::smem_addr(&staged[i]), 1);
+    for (int i = 0; i < 3 * kStages; ++i) ptx::mbar_init(gp::smem_addr(&staged[i]), 1);
     for (uint64_t* bar = m0_ready; bar != l_ready; ++bar) ptx::mbar_init(gp::smem_addr(bar), 128);
     ptx::mbar_init(gp::smem_addr(l_ready), 256);
     ptx::mbar_init_fence();
@@ -366,7 +439,8 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
           if (issuer) {
             if (u >= 1) ptx::mbar_wait(gp::smem_addr(&empty[part * kStages + k]), (u - 1) & 1);
             if (part == kPartRope) {
-              const uint32_t bar = gp::smem_addr(&full[kPartRope * kStages + k]);
+              // bf16 ropes land as they are used; an 8-bit rope is staged for the converters
+              const uint32_t bar = gp::smem_addr(kRopeConv ? &staged[2 * kStages + k] : &full[kPartRope * kStages + k]);
               if (lane == 0) {
                 vmask[k] = vmask_next;
                 ptx::mbar_arrive_expect_tx(bar, static_cast<uint32_t>(__popc(valid)) * br * 128);
@@ -392,6 +466,12 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
                                  static_cast<int>(row), bar);
               }
             }
+          }
+          if (kRopeConv && part == kPartRope) {
+            ptx::mbar_wait(gp::smem_addr(&staged[2 * kStages + k]), u & 1);
+            if constexpr (kRopeConv) convert_rope<F>(stage + 8 * kBlockBytes, ct);
+            ptx::fence_proxy_async();
+            ptx::mbar_arrive(gp::smem_addr(&full[kPartRope * kStages + k]));
           }
           if (part != kPartRope) {
             const int h = part - kPartL;
@@ -481,9 +561,9 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
     for (int k = 0; k < kQkDim / 8 / 4; ++k) {
       const int ch = sub + 4 * k;  // 16-byte chunk: dims 8 ch .. 8 ch + 7
       const int64_t d0 = off + 8 * ch;
-      // nvfp4_ds_mla: the latent dims carry s_l * 2^7 (its K tile holds e2m1 * sf * 2^-7):
+      // The e2m1 formats: the latent dims carry s_l * 2^7 (the K tile holds e2m1 * sf * 2^-7):
       // bf16(q * s_l * 2^7), from f32 q before its rounding, from bf16 q after it.
-      const float ms = F == KvFormat::kNvfp4DsMla && ch < kLatentDim / 8 ? p.outer_scale * kNvfp4QScale : 1.0f;
+      const float ms = kNatE2m1<F> && ch < kLatentDim / 8 ? p.outer_scale * kNvfp4QScale : 1.0f;
       uint32_t v[4];
       if (vec && p.q_bf16) {
         const uint4 u = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.q) + d0);
@@ -506,7 +586,7 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
           }
         }
       }
-      if constexpr (F == KvFormat::kNvfp4DsMla) {
+      if constexpr (kNatE2m1<F>) {
         if (p.q_bf16 && ms != 1.0f) {
 #pragma unroll
           for (int x = 0; x < 4; ++x) {
@@ -816,8 +896,8 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
     const float l = sl[r] + sl[64 + r];
     if (cw.row0 + r >= cw.rows_req) continue;
     const bool is_empty = l == 0.0f;
-    // (nvfp4_ds_mla: V holds e2m1 * sf * 2^-7, s_l * 2^7 comes back here.)
-    const float inv_l = is_empty ? 0.0f : (F == KvFormat::kNvfp4DsMla ? p.outer_scale * kNvfp4QScale : 1.0f) / l;
+    // (The e2m1 formats: V holds e2m1 * sf * 2^-7, s_l * 2^7 comes back here.)
+    const float inv_l = is_empty ? 0.0f : (kNatE2m1<F> ? p.outer_scale * kNvfp4QScale : 1.0f) / l;
     const float lse = is_empty ? -INFINITY : (m_run[h] + log2f(l)) * kLn2;
     const int i = cw.query(p, r), hh = cw.head(p, r);
     const bool lse_here = wg == 0 && c == 0;

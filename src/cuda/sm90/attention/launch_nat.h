@@ -22,15 +22,15 @@ namespace mlakv::cuda::sm90 {
 inline constexpr int kNatRowsPerCta = 64;  // query rows per CTA
 inline constexpr int kNatTokenTile = 64;   // tokens per tile: split chunks are rounded up to it
 
-// The cache geometries the kernel's TMA boxes cover: bf16, fp8_ds_mla or nvfp4_ds_mla
-// records (the quantized formats' codes, scales and bf16 rope are staged by TMA and
+// The cache geometries the kernel's TMA boxes cover: bf16, fp8_ds_mla or the three nvfp4
+// records (the quantized formats' codes, scales and 8-bit ropes are staged by TMA and
 // converted to the bf16 tile in shared memory; not the token-scale mode, which
 // sm90_rows_serves refuses), block sizes that are a multiple of 64 or one of 8, 16, 32 (a
 // box never crosses a page and lands on a 1 KB boundary of the swizzled tile), and slot
 // ids that fit the TMA's 32-bit coordinates.
 inline bool nat_supports(KvFormat format, int block_size, int64_t num_slots) {
   const bool bs_ok = block_size > 0 && (block_size % 64 == 0 || block_size == 8 || block_size == 16 || block_size == 32);
-  const bool fmt_ok = format == KvFormat::kBf16 || format == KvFormat::kFp8DsMla || format == KvFormat::kNvfp4DsMla;
+  const bool fmt_ok = format == KvFormat::kBf16 || format == KvFormat::kFp8DsMla || is_nvfp4_format(format);
   return fmt_ok && bs_ok && num_slots >= 1 && num_slots <= 0x7FFFFFFF;
 }
 
@@ -59,6 +59,8 @@ int launch_attention_nat_for(const kernels::AttentionParams& p, int row_blocks, 
 MLAKV_NAT_DECLARE(KvFormat::kBf16)
 MLAKV_NAT_DECLARE(KvFormat::kFp8DsMla)
 MLAKV_NAT_DECLARE(KvFormat::kNvfp4DsMla)
+MLAKV_NAT_DECLARE(KvFormat::kNvfp4DsMlaFp8Rope)
+MLAKV_NAT_DECLARE(KvFormat::kNvfp4DsMlaInt8Rope)
 #undef MLAKV_NAT_DECLARE
 
 // The path table's entries: dispatch on the format; other formats: cudaErrorInvalidValue
@@ -68,6 +70,8 @@ inline int configure_attention_nat(KvFormat format, int record_bytes) {
     case KvFormat::kBf16: return configure_attention_nat_for<KvFormat::kBf16>(record_bytes);
     case KvFormat::kFp8DsMla: return configure_attention_nat_for<KvFormat::kFp8DsMla>(record_bytes);
     case KvFormat::kNvfp4DsMla: return configure_attention_nat_for<KvFormat::kNvfp4DsMla>(record_bytes);
+    case KvFormat::kNvfp4DsMlaFp8Rope: return configure_attention_nat_for<KvFormat::kNvfp4DsMlaFp8Rope>(record_bytes);
+    case KvFormat::kNvfp4DsMlaInt8Rope: return configure_attention_nat_for<KvFormat::kNvfp4DsMlaInt8Rope>(record_bytes);
     default: return 1;  // cudaErrorInvalidValue
   }
 }
@@ -76,6 +80,8 @@ inline int attention_nat_ctas_per_sm(KvFormat format, int record_bytes) {
     case KvFormat::kBf16: return attention_nat_ctas_per_sm_for<KvFormat::kBf16>(record_bytes);
     case KvFormat::kFp8DsMla: return attention_nat_ctas_per_sm_for<KvFormat::kFp8DsMla>(record_bytes);
     case KvFormat::kNvfp4DsMla: return attention_nat_ctas_per_sm_for<KvFormat::kNvfp4DsMla>(record_bytes);
+    case KvFormat::kNvfp4DsMlaFp8Rope: return attention_nat_ctas_per_sm_for<KvFormat::kNvfp4DsMlaFp8Rope>(record_bytes);
+    case KvFormat::kNvfp4DsMlaInt8Rope: return attention_nat_ctas_per_sm_for<KvFormat::kNvfp4DsMlaInt8Rope>(record_bytes);
     default: return 0;
   }
 }
@@ -84,6 +90,8 @@ inline int launch_attention_nat(KvFormat format, const kernels::AttentionParams&
     case KvFormat::kBf16: return launch_attention_nat_for<KvFormat::kBf16>(p, row_blocks, stream);
     case KvFormat::kFp8DsMla: return launch_attention_nat_for<KvFormat::kFp8DsMla>(p, row_blocks, stream);
     case KvFormat::kNvfp4DsMla: return launch_attention_nat_for<KvFormat::kNvfp4DsMla>(p, row_blocks, stream);
+    case KvFormat::kNvfp4DsMlaFp8Rope: return launch_attention_nat_for<KvFormat::kNvfp4DsMlaFp8Rope>(p, row_blocks, stream);
+    case KvFormat::kNvfp4DsMlaInt8Rope: return launch_attention_nat_for<KvFormat::kNvfp4DsMlaInt8Rope>(p, row_blocks, stream);
     default: return 1;  // cudaErrorInvalidValue
   }
 }
