@@ -964,12 +964,12 @@ TEST_F(Cuda, KernelChoiceFollowsTheDeviceAndTheEnvironment) {
     auto forced = cuda::plan_mla_attention(dn.p);
     EXPECT_EQ(forced.ok(), is_hopper());
     EXPECT_FALSE(cuda::plan_mla_attention(p).ok());  // fp8, 16 rows
-    Case ts = n;  // the token-scale mode: not served (sm80 for now)
-    ts.format = KvFormat::kNvfp4DsMlaFp8Rope;
-    ts.token_scale = true;
-    Host tts = build(ts);
-    PlanParams dts(tts);
-    EXPECT_FALSE(cuda::plan_mla_attention(dts.p).ok());
+    Case tsc = n;  // the token-scale mode: not served (sm80 for now)
+    tsc.format = KvFormat::kNvfp4DsMlaFp8Rope;
+    tsc.token_scale = true;
+    Host ttsc = build(tsc);
+    PlanParams dtsc(ttsc);
+    EXPECT_FALSE(cuda::plan_mla_attention(dtsc.p).ok());
     Case odd = n;
     odd.block_size = 33;
     Host to = build(odd);
