@@ -1,10 +1,17 @@
-// The natural-arrangement many-row sm90 attention kernel for bf16 records (launch_nat.h;
-// docs/design.md "Hopper kernels, natural arrangement"): the query rows are the wgmma M
-// dimension, the KV tile is read by the tensor cores straight from shared memory, both
-// as K^T (S = Q K^T) and as V (O = P V).
+// The natural-arrangement many-row sm90 attention kernel (launch_nat.h; docs/design.md
+// "Hopper kernels, natural arrangement"): the query rows are the wgmma M dimension, the KV
+// tile is read by the tensor cores straight from shared memory as bf16, both as K^T
+// (S = Q K^T) and as V (O = P V). bf16 records land in the tile by TMA as they are; the
+// quantized formats' bytes are staged by TMA inside the tile's own column blocks and
+// converted there in place by the producer warpgroup (the converter warps, below).
 //
 // One CTA = 64 query rows x one KV split of one request (rows i * H + h), 384 threads:
-//  - warps 8 and 9, the producers (warps 10 and 11 exit at once; setmaxnreg gives their
+//  - the quantized formats (Quant<F>): warps 8 + 2 k and 9 + 2 k convert the tiles of stage
+//    k, one thread per token (the first warp also walks the block table and issues the
+//    boxes), each part in release order: wait for it to be empty, stage its codes and
+//    scales, convert in place (convert_half, convert_rope), fence, arrive on its full
+//    barrier (64 threads);
+//  - bf16: warps 8 and 9, the producers (warps 10 and 11 exit at once; setmaxnreg gives their
 //    registers to the consumers): warp 8 + k loads the tiles of stage k (tiles t with
 //    t % 2 == k) of a two-stage ring of 64-token tiles, walking the block table (one
 //    lookup per lane for the boxes of the next tiles) and loading each tile with 2-D TMA
