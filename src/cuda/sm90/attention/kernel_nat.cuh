@@ -125,6 +125,40 @@ __device__ __forceinline__ int64_t box_row(const AttentionParams& p, int b, int6
   return static_cast<int64_t>(raw) * p.block_size + pos % p.block_size;
 }
 
+#if MLAKV_SM90_DEVICE
+// A producer warp's boxes of tile t (its u-th, stage t % 2) of request b's split [begin,
+// end): lane x < n_box gets the cache row of the tile's x-th box of br rows (-1: not
+// loaded), every lane the ballot of loaded boxes, lane 0 the tile's 64-bit mask of valid
+// tokens. One block-table lookup per lane covers the boxes of tiles_per_lookup of this
+// stage's tiles (looked_up: the lane's box of the current round).
+struct TileBoxes {
+  int64_t row;
+  uint32_t valid;
+  uint64_t mask;
+};
+__device__ __forceinline__ TileBoxes tile_boxes(const AttentionParams& p, int b, int64_t begin, int64_t end, int t, int u,
+                                                int lane, int br, int n_box, int tiles_per_lookup, int64_t& looked_up) {
+  const int64_t pos0 = begin + static_cast<int64_t>(t) * kTile;
+  const int ur = u % tiles_per_lookup;
+  if (ur == 0) {
+    const int64_t pos = pos0 + static_cast<int64_t>(lane / n_box) * 2 * kTile + static_cast<int64_t>(lane % n_box) * br;
+    looked_up = pos < end ? box_row(p, b, pos) : -1;
+  }
+  const int64_t got = __shfl_sync(0xFFFFFFFFu, looked_up, ur * n_box + (lane < n_box ? lane : 0));
+  TileBoxes r{lane < n_box ? got : -1, 0u, 0ull};
+  r.valid = __ballot_sync(0xFFFFFFFFu, r.row >= 0);
+  if (lane == 0) {
+    const uint64_t box_bits = br == 64 ? ~0ull : ((1ull << br) - 1);
+    for (int x = 0; x < n_box; ++x) {
+      if ((r.valid >> x) & 1u) r.mask |= box_bits << (x * br);
+    }
+    const int64_t left = end - pos0;
+    if (left < kTile) r.mask &= left <= 0 ? 0ull : ((1ull << left) - 1);
+  }
+  return r;
+}
+#endif  // MLAKV_SM90_DEVICE
+
 // ---- the quantized formats (fp8_ds_mla, nvfp4_ds_mla): the converter warps ----
 // The record parts a converter stages per tile half h (latent dims 256 h .. 256 h + 255):
 // kRawBoxes boxes of 128 code bytes (2-D TMA, 128-byte swizzle) into the half's last
@@ -414,30 +448,10 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
       uint8_t* stage = ring + k * kStageBytes;
       for (int u = 0; 2 * u + k < 2 * n_steps; ++u) {
         const int t = 2 * u + k;
-        int64_t row = -1;
-        uint32_t valid = 0;
-        uint64_t vmask_next = 0;  // lane 0 of the issuer: the tile's valid tokens
-        if (issuer) {
-          const int64_t pos0 = begin + static_cast<int64_t>(t) * kTile;
-          const int ur = u % tiles_per_lookup;
-          if (ur == 0) {
-            const int64_t pos = pos0 + static_cast<int64_t>(lane / n_box) * 2 * kTile + static_cast<int64_t>(lane % n_box) * br;
-            looked_up = pos < end ? box_row(p, b, pos) : -1;
-          }
-          const int64_t got = __shfl_sync(0xFFFFFFFFu, looked_up, ur * n_box + (lane < n_box ? lane : 0));
-          row = lane < n_box ? got : -1;
-          valid = __ballot_sync(0xFFFFFFFFu, row >= 0);
-          if (lane == 0) {
-            uint64_t mask = 0;
-            const uint64_t box_bits = br == 64 ? ~0ull : ((1ull << br) - 1);
-            for (int x = 0; x < n_box; ++x) {
-              if ((valid >> x) & 1u) mask |= box_bits << (x * br);
-            }
-            const int64_t left = end - pos0;
-            if (left < kTile) mask &= left <= 0 ? 0ull : ((1ull << left) - 1);
-            vmask_next = mask;
-          }
-        }
+        TileBoxes tb{-1, 0u, 0ull};
+        if (issuer) tb = tile_boxes(p, b, begin, end, t, u, lane, br, n_box, tiles_per_lookup, looked_up);
+        const int64_t row = tb.row;
+        const uint32_t valid = tb.valid;
 #pragma unroll 1
         for (int o = 0; o < 3; ++o) {
           // The parts in the order they are released: the rope block, then the half of the
@@ -449,7 +463,7 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
               // bf16 ropes land as they are used; an 8-bit rope is staged for the converters
               const uint32_t bar = gp::smem_addr(kRopeConv ? &staged[2 * kStages + k] : &full[kPartRope * kStages + k]);
               if (lane == 0) {
-                vmask[k] = vmask_next;
+                vmask[k] = tb.mask;
                 ptx::mbar_arrive_expect_tx(bar, static_cast<uint32_t>(__popc(valid)) * br * 128);
               }
               __syncwarp();
@@ -509,24 +523,10 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
 
     for (int u = 0; 2 * u + k < 2 * n_steps; ++u) {
       const int t = 2 * u + k;
-      const int64_t pos0 = begin + static_cast<int64_t>(t) * kTile;
-      const int ur = u % tiles_per_lookup;
-      if (ur == 0) {
-        const int64_t pos = pos0 + static_cast<int64_t>(lane / n_box) * 2 * kTile + static_cast<int64_t>(lane % n_box) * br;
-        looked_up = pos < end ? box_row(p, b, pos) : -1;
-      }
-      const int64_t got = __shfl_sync(0xFFFFFFFFu, looked_up, ur * n_box + (lane < n_box ? lane : 0));
-      const int64_t row = lane < n_box ? got : -1;
-      const uint32_t valid = __ballot_sync(0xFFFFFFFFu, row >= 0);
-      uint64_t mask = 0;
-      if (lane == 0) {
-        const uint64_t box_bits = br == 64 ? ~0ull : ((1ull << br) - 1);
-        for (int x = 0; x < n_box; ++x) {
-          if ((valid >> x) & 1u) mask |= box_bits << (x * br);
-        }
-        const int64_t left = end - pos0;
-        if (left < kTile) mask &= left <= 0 ? 0ull : ((1ull << left) - 1);
-      }
+      const TileBoxes tb = tile_boxes(p, b, begin, end, t, u, lane, br, n_box, tiles_per_lookup, looked_up);
+      const int64_t row = tb.row;
+      const uint32_t valid = tb.valid;
+      const uint64_t mask = tb.mask;
       const uint32_t dst = gp::smem_addr(ring + k * kStageBytes + lane * br * 128);
 #pragma unroll
       for (int o = 0; o < 3; ++o) {
@@ -1010,4 +1010,19 @@ int nat_launch(const kernels::AttentionParams& kp, int row_blocks, void* stream)
 }
 
 }  // namespace
+
+// The path table's per-format entries (launch_nat.h), one instantiation file per format.
+#define MLAKV_NAT_DEFINE(F)                                                                     \
+  template <>                                                                                   \
+  int configure_attention_nat_for<F>(int /*record_bytes*/) {                                    \
+    return nat_configure<F>();                                                                  \
+  }                                                                                             \
+  template <>                                                                                   \
+  int attention_nat_ctas_per_sm_for<F>(int /*record_bytes*/) {                                  \
+    return nat_ctas_per_sm<F>();                                                                \
+  }                                                                                             \
+  template <>                                                                                   \
+  int launch_attention_nat_for<F>(const kernels::AttentionParams& kp, int row_blocks, void* stream) { \
+    return nat_launch<F>(kp, row_blocks, stream);                                               \
+  }
 }  // namespace mlakv::cuda::sm90

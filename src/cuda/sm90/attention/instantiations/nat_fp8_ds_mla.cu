@@ -5,19 +5,6 @@
 
 namespace mlakv::cuda::sm90 {
 
-template <>
-int configure_attention_nat_for<KvFormat::kFp8DsMla>(int /*record_bytes*/) {
-  return nat_configure<KvFormat::kFp8DsMla>();
-}
-
-template <>
-int attention_nat_ctas_per_sm_for<KvFormat::kFp8DsMla>(int /*record_bytes*/) {
-  return nat_ctas_per_sm<KvFormat::kFp8DsMla>();
-}
-
-template <>
-int launch_attention_nat_for<KvFormat::kFp8DsMla>(const kernels::AttentionParams& kp, int row_blocks, void* stream) {
-  return nat_launch<KvFormat::kFp8DsMla>(kp, row_blocks, stream);
-}
+MLAKV_NAT_DEFINE(KvFormat::kFp8DsMla)
 
 }  // namespace mlakv::cuda::sm90

@@ -5,19 +5,6 @@
 
 namespace mlakv::cuda::sm90 {
 
-template <>
-int configure_attention_nat_for<KvFormat::kNvfp4DsMla>(int /*record_bytes*/) {
-  return nat_configure<KvFormat::kNvfp4DsMla>();
-}
-
-template <>
-int attention_nat_ctas_per_sm_for<KvFormat::kNvfp4DsMla>(int /*record_bytes*/) {
-  return nat_ctas_per_sm<KvFormat::kNvfp4DsMla>();
-}
-
-template <>
-int launch_attention_nat_for<KvFormat::kNvfp4DsMla>(const kernels::AttentionParams& kp, int row_blocks, void* stream) {
-  return nat_launch<KvFormat::kNvfp4DsMla>(kp, row_blocks, stream);
-}
+MLAKV_NAT_DEFINE(KvFormat::kNvfp4DsMla)
 
 }  // namespace mlakv::cuda::sm90

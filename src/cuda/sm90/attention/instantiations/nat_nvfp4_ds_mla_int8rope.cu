@@ -5,19 +5,6 @@
 
 namespace mlakv::cuda::sm90 {
 
-template <>
-int configure_attention_nat_for<KvFormat::kNvfp4DsMlaInt8Rope>(int /*record_bytes*/) {
-  return nat_configure<KvFormat::kNvfp4DsMlaInt8Rope>();
-}
-
-template <>
-int attention_nat_ctas_per_sm_for<KvFormat::kNvfp4DsMlaInt8Rope>(int /*record_bytes*/) {
-  return nat_ctas_per_sm<KvFormat::kNvfp4DsMlaInt8Rope>();
-}
-
-template <>
-int launch_attention_nat_for<KvFormat::kNvfp4DsMlaInt8Rope>(const kernels::AttentionParams& kp, int row_blocks, void* stream) {
-  return nat_launch<KvFormat::kNvfp4DsMlaInt8Rope>(kp, row_blocks, stream);
-}
+MLAKV_NAT_DEFINE(KvFormat::kNvfp4DsMlaInt8Rope)
 
 }  // namespace mlakv::cuda::sm90
