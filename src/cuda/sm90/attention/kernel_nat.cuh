@@ -265,13 +265,14 @@ __device__ __forceinline__ uint4 e2m1x8_to_bf16(uint32_t w, uint32_t sc2) {
 // 1; box 1 (block 3) -> block 2, then chunk x of block 3 -> chunks 2 (x - 4), 2 (x - 4) + 1;
 // nvfp4: codes in block 3, chunk x -> block x / 2, chunks 4 (x % 2) ..), so no other barrier.
 #ifndef MLAKV_NAT_FP8_BATCH
-#define MLAKV_NAT_FP8_BATCH 2
+#define MLAKV_NAT_FP8_BATCH 4
 #endif
 #ifndef MLAKV_NAT_NVFP4_BATCH
-#define MLAKV_NAT_NVFP4_BATCH 1
+#define MLAKV_NAT_NVFP4_BATCH 2
 #endif
-// Code chunks loaded together per format (1, 2 or 4: what the converters' 56 registers hold
-// without spilling).
+// Code chunks loaded together per format (1, 2 or 4): fp8 4, e2m1 2 measured fastest on the
+// H200 (perf.md, seventh session: 2-6% over 2 / 1), at the price of a few spills of hoisted
+// addresses in the converters' 56 registers.
 template <KvFormat F>
 constexpr int kConvBatch = F == KvFormat::kFp8DsMla ? MLAKV_NAT_FP8_BATCH : MLAKV_NAT_NVFP4_BATCH;
 // The 368-byte records: converts token t's 8-bit rope staged in the rope block at `rb` (one
