@@ -148,7 +148,72 @@ struct E4m3Table {
   }
 };
 
-void Nvfp4Latent(const float* latent, float outer_scale, uint8_t* rec) {
+// e2m1_to_f32 of magnitude codes m (0..7): m / 2 below 2, else 2^(m / 2 - 1) (1 + (m & 1) / 2),
+// whose float32 bits are (m << 22) + (126 << 23).
+HWY_INLINE hn::Vec<DF> E2m1Magnitude(DF df, hn::Vec<DU> m) {
+  const DU du;
+  const DI di;
+  const auto small = hn::Mul(hn::ConvertTo(df, hn::BitCast(di, m)), hn::Set(df, 0.5f));
+  const auto big = hn::BitCast(df, hn::Add(hn::ShiftLeft<22>(m), hn::Set(du, 126u << 23)));
+  return hn::IfThenElse(hn::RebindMask(df, hn::Lt(m, hn::Set(du, 2u))), small, big);
+}
+
+// codec::nvfp4_group_sq_error of the group y[0, 16) at scale code c (0..0x7E), the same
+// float32 operations: per lane a = |y|, q = a / sf (IEEE), m = e2m1 code, d = a - e2m1(m) sf,
+// p = d d; then the spec's tree: whole vectors first (vector k + 16 / (2 N) onto vector k
+// pairs element j with j + 8, and so on down to one vector), then the lanes (j + h onto j
+// for h = N / 2 .. 1).
+float GroupSqError(const float* yg, uint32_t c, const float* sf_table) {
+  namespace NV = layout::nvfp4_ds_mla;
+  const DF df;
+  constexpr int N = static_cast<int>(hn::MaxLanes(DF()));
+  static_assert(NV::kGroupDim % N == 0);
+  constexpr int nv = NV::kGroupDim / N;
+  hn::Vec<DF> p[nv];
+  if (c == 0) {
+    for (int k = 0; k < nv; ++k) {
+      const auto a = hn::Abs(hn::LoadU(df, yg + k * N));
+      p[k] = hn::Mul(a, a);
+    }
+  } else {
+    const auto vsf = hn::Set(df, sf_table[c]);
+    const DU du;
+    for (int k = 0; k < nv; ++k) {
+      const auto a = hn::Abs(hn::LoadU(df, yg + k * N));
+      const auto m = hn::And(E2m1Codes(df, hn::Div(a, vsf)), hn::Set(du, 7u));
+      const auto d = hn::Sub(a, hn::Mul(E2m1Magnitude(df, m), vsf));
+      p[k] = hn::Mul(d, d);
+    }
+  }
+  for (int hv = nv / 2; hv >= 1; hv /= 2) {
+    for (int k = 0; k < hv; ++k) p[k] = hn::Add(p[k], p[k + hv]);
+  }
+  alignas(64) float t[N];
+  hn::Store(p[0], df, t);
+  for (int h = N / 2; h >= 1; h /= 2) {
+    for (int j = 0; j < h; ++j) t[j] = t[j] + t[j + h];
+  }
+  return t[0];
+}
+
+// codec::nvfp4_search_scale_code: c0, then c0 - 1 (>= 1), then c0 + 1 (<= 0x7E), each
+// replacing the best only when strictly less.
+uint8_t SearchScaleCode(const float* yg, uint32_t c0, const float* sf_table) {
+  uint32_t best = c0;
+  float best_err = GroupSqError(yg, c0, sf_table);
+  if (c0 >= 2) {
+    const float e = GroupSqError(yg, c0 - 1, sf_table);
+    if (e < best_err) best_err = e, best = c0 - 1;
+  }
+  if (c0 + 1 <= 0x7Eu) {
+    const float e = GroupSqError(yg, c0 + 1, sf_table);
+    if (e < best_err) best = c0 + 1;
+  }
+  return static_cast<uint8_t>(best);
+}
+
+// search: Nvfp4ScaleMode::kSearch (each group's code from SearchScaleCode).
+void Nvfp4Latent(const float* latent, float outer_scale, uint8_t* rec, bool search) {
   namespace NV = layout::nvfp4_ds_mla;
   static const E4m3Table table;
   const DF df;
@@ -173,6 +238,10 @@ void Nvfp4Latent(const float* latent, float outer_scale, uint8_t* rec) {
   for (int g = 0; g < NV::kNumGroups; g += N) {
     StoreBytes(E4m3Codes(df, hn::Div(hn::LoadU(df, amax + g), hn::Set(df, kE2m1Max))), scales + g);
   }
+  if (search) {
+    for (int g = 0; g < NV::kNumGroups; ++g)
+      scales[g] = SearchScaleCode(y + g * NV::kGroupDim, scales[g] & 0x7Fu, table.v);
+  }
   uint8_t codes[NV::kGroupDim + 16];
   for (int g = 0; g < NV::kNumGroups; ++g) {
     const float sf = table.v[scales[g] & 0x7F];
@@ -192,8 +261,9 @@ void Nvfp4Latent(const float* latent, float outer_scale, uint8_t* rec) {
 
 // Bytes [0, 288) of an nvfp4 record; in token-scale mode also s_t at [292, 296) (call
 // after the pad is zeroed): s_t = AbsMax * f32(1/2688) is the scalar spec's, and an
-// s_t of 0 writes zero codes and scales as the scalar encode_nvfp4_latent does.
-void Nvfp4LatentMode(const float* latent, float outer_scale, bool token_scale, uint8_t* rec) {
+// s_t of 0 writes zero codes and scales as the scalar encode_nvfp4_latent does. search
+// (Nvfp4ScaleMode::kSearch) applies outside token-scale mode only, as the spec's.
+void Nvfp4LatentMode(const float* latent, float outer_scale, bool token_scale, uint8_t* rec, bool search) {
   namespace NV = layout::nvfp4_ds_mla;
   float s = outer_scale;
   if (token_scale) {
@@ -205,7 +275,7 @@ void Nvfp4LatentMode(const float* latent, float outer_scale, bool token_scale, u
     std::memset(rec + NV::kScaleOffset, 0, NV::kNumGroups);
     return;
   }
-  Nvfp4Latent(latent, s, rec);
+  Nvfp4Latent(latent, s, rec, search && !token_scale);
 }
 
 // The in-vector butterfly of stage h < lanes: lane j pairs with lane j ^ h; the lower one
@@ -311,7 +381,7 @@ void TransformToken(const float* mu, const float* gain, bool rotate, const float
 }
 
 void EncodeRecord(KvFormat f, const float* latent, int latent_dim, const float* rope, int rope_dim, float outer_scale,
-                  bool fp8_exact, bool token_scale, uint8_t* rec) {
+                  bool fp8_exact, bool token_scale, bool nvfp4_search, uint8_t* rec) {
   switch (f) {
     case KvFormat::kBf16:
       StoreBf16(latent, latent_dim, rec);
@@ -336,14 +406,14 @@ void EncodeRecord(KvFormat f, const float* latent, int latent_dim, const float* 
     case KvFormat::kNvfp4DsMla: {
       namespace NV = layout::nvfp4_ds_mla;
       std::memset(rec + NV::kPadOffset, 0, NV::kPadBytes);
-      Nvfp4LatentMode(latent, outer_scale, token_scale, rec);
+      Nvfp4LatentMode(latent, outer_scale, token_scale, rec, nvfp4_search);
       StoreBf16(rope, kRopeDim, rec + NV::kRopeOffset);
       break;
     }
     case KvFormat::kNvfp4DsMlaFp8Rope: {
       namespace NR = layout::nvfp4_ds_mla_fp8rope;
       std::memset(rec + NR::kPadOffset, 0, NR::kPadBytes);
-      Nvfp4LatentMode(latent, outer_scale, token_scale, rec);
+      Nvfp4LatentMode(latent, outer_scale, token_scale, rec, nvfp4_search);
       const float rs = codec::rope_fp8_scale(AbsMax(rope, kRopeDim));
       codec::store_f32(rec + NR::kRopeScaleOffset, rs);
       if (rs == 0.0f) {
@@ -356,7 +426,7 @@ void EncodeRecord(KvFormat f, const float* latent, int latent_dim, const float* 
     case KvFormat::kNvfp4DsMlaInt8Rope: {
       namespace NI = layout::nvfp4_ds_mla_int8rope;
       std::memset(rec + NI::kPadOffset, 0, NI::kPadBytes);
-      Nvfp4LatentMode(latent, outer_scale, token_scale, rec);
+      Nvfp4LatentMode(latent, outer_scale, token_scale, rec, nvfp4_search);
       const float rs = codec::rope_int8_scale(AbsMax(rope, kRopeDim));
       codec::store_f32(rec + NI::kRopeScaleOffset, rs);
       if (rs == 0.0f) {
@@ -420,9 +490,10 @@ HWY_EXPORT(E4m3CodesN);
 HWY_EXPORT(E2m1CodesN);
 
 void encode_record_simd(KvFormat f, const float* latent, int latent_dim, const float* rope, int rope_dim,
-                        float outer_scale, bool fp8_exact_scales, uint8_t* rec, bool token_scale) {
+                        float outer_scale, bool fp8_exact_scales, uint8_t* rec, bool token_scale,
+                        Nvfp4ScaleMode nvfp4_scales) {
   HWY_DYNAMIC_DISPATCH(EncodeRecord)(f, latent, latent_dim, rope, rope_dim, outer_scale, fp8_exact_scales,
-                                     token_scale, rec);
+                                     token_scale, nvfp4_scales == Nvfp4ScaleMode::kSearch, rec);
 }
 
 void e4m3_codes_simd(const float* y, int64_t n, uint8_t* out) { HWY_DYNAMIC_DISPATCH(E4m3CodesN)(y, n, out); }
@@ -483,12 +554,14 @@ Status write_cache_records(KvCache& cache, int layer, std::span<const int64_t> s
     }
   }
   const bool exact = cache.config().fp8_scales == Fp8ScaleMode::kExact;
+  // (cache.layer validated the view: kSearch only on nvfp4 layers outside token-scale mode.)
+  const bool search = v.nvfp4_scales == Nvfp4ScaleMode::kSearch;
   auto one = [&](int64_t i) {
     const int64_t s = slots[static_cast<std::size_t>(i)];
     if (s < 0) return;
     if (transform == nullptr) {
       HWY_DYNAMIC_DISPATCH(EncodeRecord)(v.format, latent + i * L, L, rope + i * R, R, v.outer_scale, exact,
-                                         v.token_scale, v.data + s * v.record_bytes);
+                                         v.token_scale, search, v.data + s * v.record_bytes);
       return;
     }
     alignas(64) float lat[kLatentDim];
@@ -496,7 +569,7 @@ Status write_cache_records(KvCache& cache, int layer, std::span<const int64_t> s
     HWY_DYNAMIC_DISPATCH(TransformToken)(transform->mu_data(), transform->gain_data(), transform->rotates_latent(),
                                          transform->rotates_rope() ? transform->rope_gain_data() : nullptr,
                                          latent + i * L, rope + i * R, lat, rp);
-    HWY_DYNAMIC_DISPATCH(EncodeRecord)(v.format, lat, L, rp, R, v.outer_scale, exact, v.token_scale,
+    HWY_DYNAMIC_DISPATCH(EncodeRecord)(v.format, lat, L, rp, R, v.outer_scale, exact, v.token_scale, search,
                                        v.data + s * v.record_bytes);
   };
   if (pool == nullptr || n < 64) {
