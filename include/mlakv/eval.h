@@ -181,6 +181,7 @@ struct EvalRequest {
   LatentImportance importance = LatentTransformRecipe{}.importance;  // for mlakv-recipe auto
   LatentImportanceWeights importance_weights;                         // with importance kFile
   int seed_candidates = LatentTransformRecipe{}.seed_candidates;     // for mlakv-recipe auto
+  Nvfp4ScaleMode nvfp4_scales = LatentTransformRecipe{}.nvfp4_scales;  // for mlakv-recipe auto (files carry their own)
   int64_t context = 2048, windows = 32, calib_windows = 4;
   int needle = 0;  // needle trials (docs/needle.md): needs a tokenizer and max_position_embeddings
   int block_size = kDefaultBlockSize;

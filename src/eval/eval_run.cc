@@ -91,6 +91,7 @@ StatusOr<EvalReport> eval_model(Model& model, const Tokenizer* tokenizer, std::s
         r.importance = req.importance;
         r.weights = req.importance_weights;
         r.seed_candidates = req.seed_candidates;
+        r.nvfp4_scales = req.nvfp4_scales;
         auto c = calibrate_latent_transform(
             model, tokens, req.context, req.calib_windows, skip, r,
             [&](std::string_view, int64_t d, int64_t t) { progress("calibration (mlakv recipe)", d, t); });
