@@ -800,7 +800,7 @@ TEST_F(CliUser, F32CacheIsExactAndGivesTransformersParity) {
   EXPECT_GT(e16, 100 * e32);
 }
 
-// layer-forward --scales with a mlakv_latent_transform_v1 file: the layer's latent is written
+// layer-forward --scales with a mlakv_latent_transform_v2 file: the layer's latent is written
 // transformed and its weights folded, so over the lossless f32 cache it still matches
 // transformers' float64 output to float32 rounding (within twice transformers' own float32
 // error: the transform adds one more set of roundings of the same size); the JSON says
@@ -843,7 +843,27 @@ TEST_F(CliUser, LayerForwardAppliesALatentTransformFile) {
   r = run("layer-forward --model " + src + " --layer 0 --threads 1 --input " + src + "/io.safetensors --output " +
           path("q.safetensors") + " --format nvfp4_ds_mla --scales " + path("t.json"));
   ASSERT_EQ(r.rc, 0) << r.err;
-  EXPECT_NE(r.out.find("mlakv latent transform"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("mlakv latent transform, nvfp4 scales rn"), std::string::npos) << r.out;
+  EXPECT_EQ(Json::parse(run("layer-forward --model " + src + " --layer 0 --threads 1 --input " + src +
+                            "/io.safetensors --output " + path("y2.safetensors") + " --format f32 --scales " +
+                            path("t.json") + " --json")
+                            .out)["nvfp4_scales"],
+            "rn");
+  // The same transform with the scale search: applied (the nvfp4 output changes), reported.
+  t.nvfp4_scales = Nvfp4ScaleMode::kSearch;
+  ASSERT_TRUE(write_latent_transform(path("ts.json"), t).ok());
+  r = run("layer-forward --model " + src + " --layer 0 --threads 1 --input " + src + "/io.safetensors --output " +
+          path("qs.safetensors") + " --format nvfp4_ds_mla --scales " + path("ts.json") + " --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(Json::parse(r.out)["nvfp4_scales"], "search");
+  {
+    auto q = SafetensorsFile::open(path("q.safetensors"));
+    auto qs = SafetensorsFile::open(path("qs.safetensors"));
+    ASSERT_TRUE(q.ok() && qs.ok());
+    const TensorView a = *(*q)->find("output"), b = *(*qs)->find("output");
+    ASSERT_EQ(a.numel(), b.numel());
+    EXPECT_NE(0, std::memcmp(a.data, b.data, static_cast<std::size_t>(a.numel()) * sizeof(float)));
+  }
   // A model with an MTP layer (cache layer 1) and the one-layer transform.
   const std::string m = fixture_copy(dir_ / "mtp_t", 1.0f, true);
   r = run("layer-forward --model " + m + " --layer 1 --threads 1 --input " + m + "/io.safetensors --output " +

@@ -199,9 +199,12 @@ StatusOr<EvalReport> eval_model(Model& model, const Tokenizer* tokenizer, std::s
 
 // The report as `mlakv eval --json` prints it: {model, context, windows, positions,
 // reference {ppl, bits_per_token, tokens_per_s, needle_found, needle_total}, formats [{format,
-// record_bytes, recipe, scales, token_scale, kld_mean, kld_p99, kld_max, kld_by_position_bucket, top1_agree, ppl,
+// record_bytes, recipe, scales, token_scale, nvfp4_scales, kld_mean, kld_p99, kld_max, kld_by_position_bucket, top1_agree, ppl,
 // bits_per_token, tokens_per_s, needle_found, needle_total}]}; non-finite numbers are null,
 // text that is not UTF-8 gets U+FFFD. `indent` < 0: one line.
+// How a row's nvfp4 group scales were chosen: its transform's nvfp4_scales on an nvfp4 format
+// (the mlakv recipe), else kRn (the fork's outer scales, uncalibrated, token-scale rows).
+Nvfp4ScaleMode row_nvfp4_scales(const EvalCacheSpec& spec);
 std::string eval_report_json(const EvalReport& report, std::string_view model, int64_t context, int64_t windows,
                              int indent = 2);
 
