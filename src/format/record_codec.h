@@ -509,35 +509,39 @@ MLAKV_HD float sub_rn(float a, float b) {
 // order, the CUDA writer's lane runs this loop. The 16 magnitude codes come back packed in
 // mag[2] (element i in bits [4 (i % 8), 4 (i % 8) + 3) of word i / 8, the sign bits clear).
 MLAKV_HD float nvfp4_group_sq_error(const float* a, uint32_t c, uint32_t* mag) {
-  float p[16];
   mag[0] = mag[1] = 0;
-  if (c == 0) {
-    for (int i = 0; i < 16; ++i) p[i] = mul_rn(a[i], a[i]);
-  } else {
-    const float sf = e4m3_to_f32_fast(c);
+  const float sf = c == 0 ? 0.0f : e4m3_to_f32_fast(c);
 #if defined(__CUDA_ARCH__)
-    const float rsf = reciprocal_rn(sf);
+  const float rsf = c == 0 ? 0.0f : reciprocal_rn(sf);
 #endif
-    for (int i = 0; i < 16; ++i) {
+  // p_i for one element (and its magnitude code into mag).
+  auto sq = [&](int i) {
+    if (c == 0) return mul_rn(a[i], a[i]);
 #if defined(__CUDA_ARCH__)
-      // div_rn_by_e4m3 is the IEEE quotient for a >= 2^-12 (and a / sf <= 2^120); below
-      // 2^-12 both quotients are below 2^-3, code 0.
-      const float q = a[i] <= 1.0e36f ? div_rn_by_e4m3(a[i], sf, rsf) : __fdiv_rn(a[i], sf);
-      const uint32_t m = e2m1_magnitude_code_bits(q) & 7u;
+    // div_rn_by_e4m3 is the IEEE quotient for a >= 2^-12 (and a / sf <= 2^120); below
+    // 2^-12 both quotients are below 2^-3, code 0.
+    const float q = a[i] <= 1.0e36f ? div_rn_by_e4m3(a[i], sf, rsf) : __fdiv_rn(a[i], sf);
+    const uint32_t m = e2m1_magnitude_code_bits(q) & 7u;
 #else
-      const float q = a[i] / sf;
-      const uint32_t m = f32_to_e2m1_satfinite(q) & 7u;
+    const float q = a[i] / sf;
+    const uint32_t m = f32_to_e2m1_satfinite(q) & 7u;
 #endif
-      const float r = mul_rn(e2m1_to_f32(static_cast<uint8_t>(m)), sf);
-      const float d = sub_rn(a[i], r);
-      p[i] = mul_rn(d, d);
-      mag[i / 8] |= m << (4 * (i % 8));
-    }
+    const float r = mul_rn(e2m1_to_f32(static_cast<uint8_t>(m)), sf);
+    const float d = sub_rn(a[i], r);
+    mag[i / 8] |= m << (4 * (i % 8));
+    return mul_rn(d, d);
+  };
+  // The tree's first level as the elements are squared (s_j = p_j + p_{j+8}: 8 partial sums
+  // live instead of 16 squares), then h = 4, 2, 1 on them: the same additions.
+  float s8[8];
+  for (int j = 0; j < 8; ++j) {
+    const float lo = sq(j);
+    s8[j] = add_rn(lo, sq(j + 8));
   }
-  for (int h = 8; h >= 1; h /= 2) {
-    for (int j = 0; j < h; ++j) p[j] = add_rn(p[j], p[j + h]);
+  for (int h = 4; h >= 1; h /= 2) {
+    for (int j = 0; j < h; ++j) s8[j] = add_rn(s8[j], s8[j + h]);
   }
-  return p[0];
+  return s8[0];
 }
 
 // Nvfp4ScaleMode::kSearch's scale code for a group whose round-to-nearest code is c0
@@ -578,6 +582,13 @@ MLAKV_HD float div_ieee(float a, float b) {
 #endif
 }
 MLAKV_HD uint8_t nvfp4_group_search_fast(const float* x, float s, float max_abs_x, uint32_t* w) {
+  // The sign bits first (e2m1_code's, bit 3 of each nibble), so x is dead during the search.
+  uint32_t signs[2];
+  for (int k = 0; k < 2; ++k) {
+    uint32_t sg = 0;
+    for (int j = 7; j >= 0; --j) sg = (sg << 4) | (f32_bits(x[8 * k + j]) >> 28);
+    signs[k] = sg & 0x88888888u;
+  }
   const float rs = reciprocal_rn(s);
   const DivPath path = div_path(s, max_abs_x, rs);
   float y[16];
@@ -597,11 +608,8 @@ MLAKV_HD uint8_t nvfp4_group_search_fast(const float* x, float s, float max_abs_
   const uint8_t c = nvfp4_search_scale_code(y, nvfp4_group_scale_code_fast(amax_y), mag);
   w[0] = w[1] = 0;
   if (c == 0) return c;  // nvfp4_quantize: zero codes, no sign
-  for (int k = 0; k < 2; ++k) {
-    uint32_t signs = 0;
-    for (int j = 7; j >= 0; --j) signs = (signs << 4) | (f32_bits(x[8 * k + j]) >> 28);
-    w[k] = mag[k] | (signs & 0x88888888u);
-  }
+  w[0] = mag[0] | signs[0];
+  w[1] = mag[1] | signs[1];
   return c;
 }
 
