@@ -206,7 +206,7 @@ void cache_write_transform(benchmark::State& state, bool search) {
 void BM_CacheWriteTransform(benchmark::State& state) { cache_write_transform(state, false); }
 void BM_CacheWriteTransformSearch(benchmark::State& state) { cache_write_transform(state, true); }
 BENCHMARK(BM_CacheWriteTransform)
-    ->ArgsProduct({{0, 1, 2, 3}, {0, 1}})
+    ->ArgsProduct({{0, 1, 2, 3, 5}, {0, 1}})
     ->Unit(benchmark::kMillisecond)
     ->MinTime(0.3)
     ->UseRealTime();

@@ -158,61 +158,82 @@ HWY_INLINE hn::Vec<DF> E2m1Magnitude(DF df, hn::Vec<DU> m) {
   return hn::IfThenElse(hn::RebindMask(df, hn::Lt(m, hn::Set(du, 2u))), small, big);
 }
 
-// codec::nvfp4_group_sq_error of the group y[0, 16) at scale code c (0..0x7E), the same
-// float32 operations: per lane a = |y|, q = a / sf (IEEE), m = e2m1 code, d = a - e2m1(m) sf,
-// p = d d; then the spec's tree: whole vectors first (vector k + 16 / (2 N) onto vector k
-// pairs element j with j + 8, and so on down to one vector), then the lanes (j + h onto j
-// for h = N / 2 .. 1).
-float GroupSqError(const float* yg, uint32_t c, const float* sf_table) {
+// e4m3_to_f32 of codes c (0..0x7E) per lane: c 2^-9 below 8 (subnormal), else the float32
+// bits (c << 20) + (120 << 23) (exponent c >> 3 rebiased from 7 to 127, mantissa c & 7).
+HWY_INLINE hn::Vec<DF> E4m3Value(DF df, hn::Vec<DU> c) {
+  const DU du;
+  const DI di;
+  const auto sub = hn::Mul(hn::ConvertTo(df, hn::BitCast(di, c)), hn::Set(df, 0.001953125f));  // 2^-9
+  const auto norm = hn::BitCast(df, hn::Add(hn::ShiftLeft<20>(c), hn::Set(du, 120u << 23)));
+  return hn::IfThenElse(hn::RebindMask(df, hn::Lt(c, hn::Set(du, 8u))), sub, norm);
+}
+
+// codec::nvfp4_group_sq_error for N groups at once, one group per lane: at[i] holds element
+// i of each lane's group (|y|, i = 0..15), sf each lane's candidate scale (0 for code 0: then
+// q = a / 0 is +Inf or NaN, whose e2m1 code 7 reconstructs 6 * 0 = 0, so d = a as the spec's).
+// The same float32 operations per lane as the spec, and its tree: s_j = p_j + p_{j+8}, then
+// h = 4, 2, 1.
+HWY_INLINE hn::Vec<DF> GroupSqErrors(DF df, const float* const* at, hn::Vec<DF> sf) {
+  const DU du;
+  auto sq = [&](int i) {
+    const auto a = hn::LoadU(df, at[i]);
+    const auto m = hn::And(E2m1Codes(df, hn::Div(a, sf)), hn::Set(du, 7u));
+    const auto d = hn::Sub(a, hn::Mul(E2m1Magnitude(df, m), sf));
+    return hn::Mul(d, d);
+  };
+  hn::Vec<DF> s8[8];
+  for (int j = 0; j < 8; ++j) {
+    const auto lo = sq(j);
+    s8[j] = hn::Add(lo, sq(j + 8));
+  }
+  for (int h = 4; h >= 1; h /= 2) {
+    for (int j = 0; j < h; ++j) s8[j] = hn::Add(s8[j], s8[j + h]);
+  }
+  return s8[0];
+}
+
+// codec::nvfp4_search_scale_code for all 32 groups of y (the record's y = latent / s),
+// N groups per vector (the elements transposed: lane = group): each group's RN code c0 from
+// scales[g], then c0 - 1 (where c0 >= 2) and c0 + 1 (where <= 0x7E) replace the best only
+// where strictly less. The chosen codes go back to scales[g].
+void SearchScaleCodes(const float* y, uint8_t* scales) {
   namespace NV = layout::nvfp4_ds_mla;
   const DF df;
+  const DU du;
+  const hn::Rebind<uint8_t, DU> d8;
   constexpr int N = static_cast<int>(hn::MaxLanes(DF()));
-  static_assert(NV::kGroupDim % N == 0);
-  constexpr int nv = NV::kGroupDim / N;
-  hn::Vec<DF> p[nv];
-  if (c == 0) {
-    for (int k = 0; k < nv; ++k) {
-      const auto a = hn::Abs(hn::LoadU(df, yg + k * N));
-      p[k] = hn::Mul(a, a);
+  static_assert(NV::kNumGroups % N == 0);
+  alignas(64) float yt[NV::kGroupDim][NV::kNumGroups];  // yt[i][g] = |y[16 g + i]|
+  for (int g = 0; g < NV::kNumGroups; ++g) {
+    for (int i = 0; i < NV::kGroupDim; ++i) yt[i][g] = codec::fabs_f(y[g * NV::kGroupDim + i]);
+  }
+  for (int g0 = 0; g0 < NV::kNumGroups; g0 += N) {
+    const float* at[NV::kGroupDim];
+    for (int i = 0; i < NV::kGroupDim; ++i) at[i] = &yt[i][g0];
+    const auto c0 = hn::PromoteTo(du, hn::LoadU(d8, scales + g0));
+    auto best_c = c0;
+    auto best_e = GroupSqErrors(df, at, E4m3Value(df, c0));
+    const auto one = hn::Set(du, 1u);
+    {
+      const auto c = hn::Sub(c0, one);
+      const auto ok = hn::RebindMask(df, hn::Gt(c0, hn::Set(du, 1u)));
+      const auto e = GroupSqErrors(df, at, E4m3Value(df, hn::IfThenElse(hn::RebindMask(du, ok), c, c0)));
+      const auto take = hn::And(ok, hn::Lt(e, best_e));
+      best_e = hn::IfThenElse(take, e, best_e);
+      best_c = hn::IfThenElse(hn::RebindMask(du, take), c, best_c);
     }
-  } else {
-    const auto vsf = hn::Set(df, sf_table[c]);
-    const DU du;
-    for (int k = 0; k < nv; ++k) {
-      const auto a = hn::Abs(hn::LoadU(df, yg + k * N));
-      const auto m = hn::And(E2m1Codes(df, hn::Div(a, vsf)), hn::Set(du, 7u));
-      const auto d = hn::Sub(a, hn::Mul(E2m1Magnitude(df, m), vsf));
-      p[k] = hn::Mul(d, d);
+    {
+      const auto c = hn::Add(c0, one);
+      const auto ok = hn::RebindMask(df, hn::Lt(c, hn::Set(du, 0x7Fu)));
+      const auto e = GroupSqErrors(df, at, E4m3Value(df, hn::IfThenElse(hn::RebindMask(du, ok), c, c0)));
+      const auto take = hn::And(ok, hn::Lt(e, best_e));
+      best_c = hn::IfThenElse(hn::RebindMask(du, take), c, best_c);
     }
+    StoreBytes(best_c, scales + g0);
   }
-  for (int hv = nv / 2; hv >= 1; hv /= 2) {
-    for (int k = 0; k < hv; ++k) p[k] = hn::Add(p[k], p[k + hv]);
-  }
-  alignas(64) float t[N];
-  hn::Store(p[0], df, t);
-  for (int h = N / 2; h >= 1; h /= 2) {
-    for (int j = 0; j < h; ++j) t[j] = t[j] + t[j + h];
-  }
-  return t[0];
 }
 
-// codec::nvfp4_search_scale_code: c0, then c0 - 1 (>= 1), then c0 + 1 (<= 0x7E), each
-// replacing the best only when strictly less.
-uint8_t SearchScaleCode(const float* yg, uint32_t c0, const float* sf_table) {
-  uint32_t best = c0;
-  float best_err = GroupSqError(yg, c0, sf_table);
-  if (c0 >= 2) {
-    const float e = GroupSqError(yg, c0 - 1, sf_table);
-    if (e < best_err) best_err = e, best = c0 - 1;
-  }
-  if (c0 + 1 <= 0x7Eu) {
-    const float e = GroupSqError(yg, c0 + 1, sf_table);
-    if (e < best_err) best = c0 + 1;
-  }
-  return static_cast<uint8_t>(best);
-}
-
-// search: Nvfp4ScaleMode::kSearch (each group's code from SearchScaleCode).
+// search: Nvfp4ScaleMode::kSearch (the group codes from SearchScaleCodes).
 void Nvfp4Latent(const float* latent, float outer_scale, uint8_t* rec, bool search) {
   namespace NV = layout::nvfp4_ds_mla;
   static const E4m3Table table;
@@ -238,10 +259,7 @@ void Nvfp4Latent(const float* latent, float outer_scale, uint8_t* rec, bool sear
   for (int g = 0; g < NV::kNumGroups; g += N) {
     StoreBytes(E4m3Codes(df, hn::Div(hn::LoadU(df, amax + g), hn::Set(df, kE2m1Max))), scales + g);
   }
-  if (search) {
-    for (int g = 0; g < NV::kNumGroups; ++g)
-      scales[g] = SearchScaleCode(y + g * NV::kGroupDim, scales[g] & 0x7Fu, table.v);
-  }
+  if (search) SearchScaleCodes(y, scales);
   uint8_t codes[NV::kGroupDim + 16];
   for (int g = 0; g < NV::kNumGroups; ++g) {
     const float sf = table.v[scales[g] & 0x7F];
