@@ -174,7 +174,7 @@ struct EvalRequest {
   std::vector<EvalFormat> formats;  // >= 1; duplicates are dropped, the order is kept
   // Calibrated sources (`--scales`), each "auto" (calibrated on `calib_windows` windows of the
   // input after the eval windows, for the recipes `recipe` asks for) or a scale file of
-  // either kind (load_scale_file: nvfp4_ds_mla_outer_scale_v1 or mlakv_latent_transform_v1).
+  // either kind (load_scale_file: nvfp4_ds_mla_outer_scale_v1 or mlakv_latent_transform_v2 / v1).
   std::vector<std::string> scales;
   // "" (fork for auto, the files' own kinds), "fork", "mlakv" or "both"; needs scales.
   std::string recipe;

@@ -257,7 +257,8 @@ void add_layer_forward_command(Cli& cli) {
       ->capture_default_str();
   cmd->add_option("--scales", a->scales,
                   "calibration file: nvfp4_ds_mla_outer_scale_v1 (the fork's outer scales, nvfp4 formats) or "
-                  "mlakv_latent_transform_v1 (the mlakv recipe: the latent written transformed, the weights folded)");
+                  "mlakv_latent_transform_v2 / v1 (the mlakv recipe: the latent written transformed, the weights folded, "
+                  "its nvfp4_scales applied on an nvfp4 --format)");
   cmd->add_option("--capture", a->capture, "Also write layers.<layer>.kv_c_normed [T, 512] f32 here");
   cmd->add_option("--chunk", a->chunk, "Tokens per call: prefill chunks, 1 = token-by-token decode (0 = all)")
       ->capture_default_str();
