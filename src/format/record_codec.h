@@ -505,8 +505,8 @@ MLAKV_HD float sub_rn(float a, float b) {
 //   p_j = p_j + p_{j+h} for h = 8, 4, 2, 1 (every j < h), the error is p_0
 // (code 0: sf = 0, every code zero, d_i = a_i). Each step is one float32 rounding and the
 // summation order is this fixed tree, so every writer computes the same float: the SIMD
-// writer adds whole vectors (element j and j + 8 in the same lane) and then lanes in this
-// order, the CUDA writer's lane runs this loop. The 16 magnitude codes come back packed in
+// writer runs it one group per vector lane (every step a vertical operation), the CUDA
+// writer's lane runs this function. The 16 magnitude codes come back packed in
 // mag[2] (element i in bits [4 (i % 8), 4 (i % 8) + 3) of word i / 8, the sign bits clear).
 MLAKV_HD float nvfp4_group_sq_error(const float* a, uint32_t c, uint32_t* mag) {
   mag[0] = mag[1] = 0;
@@ -518,9 +518,9 @@ MLAKV_HD float nvfp4_group_sq_error(const float* a, uint32_t c, uint32_t* mag) {
   auto sq = [&](int i) {
     if (c == 0) return mul_rn(a[i], a[i]);
 #if defined(__CUDA_ARCH__)
-    // div_rn_by_e4m3 is the IEEE quotient for a >= 2^-12 (and a / sf <= 2^120); below
-    // 2^-12 both quotients are below 2^-3, code 0.
-    const float q = a[i] <= 1.0e36f ? div_rn_by_e4m3(a[i], sf, rsf) : __fdiv_rn(a[i], sf);
+    // div_rn_by_e4m3 is the IEEE quotient for a >= 2^-12 and a / sf <= 2^120 (a <= 2^111
+    // with sf >= 2^-9); below 2^-12 both quotients are below 2^-3, code 0 (and d = a).
+    const float q = a[i] <= 0x1p111f ? div_rn_by_e4m3(a[i], sf, rsf) : __fdiv_rn(a[i], sf);
     const uint32_t m = e2m1_magnitude_code_bits(q) & 7u;
 #else
     const float q = a[i] / sf;
