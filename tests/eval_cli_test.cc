@@ -326,6 +326,20 @@ TEST_F(EvalCli, Nvfp4ScalesRecordedAndApplied) {
       EXPECT_EQ(a["kld_mean"].get<double>(), c["kld_mean"].get<double>());
     }
   }
+  // The seed selection runs with the file's mode in effect: two candidates' calibration KLDs
+  // differ between rn and search (the same transforms otherwise).
+  const std::string sel = "calibrate --model " + kTiny + " --tokens " + tk + " --context 32 --windows 2 --recipe mlakv "
+                          "--seed-candidates 2";
+  ASSERT_EQ(run(sel + " --nvfp4-scales rn --out " + path("sel_rn.json")).rc, 0);
+  ASSERT_EQ(run(sel + " --out " + path("sel_search.json")).rc, 0);
+  const auto srn = nlohmann::json::parse(slurp(path("sel_rn.json")))["seed_search"]["candidates"];
+  const auto sse = nlohmann::json::parse(slurp(path("sel_search.json")))["seed_search"]["candidates"];
+  ASSERT_EQ(srn.size(), 2u);
+  ASSERT_EQ(sse.size(), 2u);
+  for (int k = 0; k < 2; ++k) {
+    EXPECT_EQ(srn[k]["seed"], sse[k]["seed"]);
+    EXPECT_NE(srn[k]["kld_mean"].get<double>(), sse[k]["kld_mean"].get<double>()) << k;
+  }
   // Refused before anything is written.
   r = run(base + " --nvfp4-scales nearest --out " + path("bad.json"));
   EXPECT_EQ(r.rc, 1);

@@ -314,6 +314,41 @@ TEST(Nvfp4ScaleSearch, TieRulesAndCandidates) {
   EXPECT_GE(codec::nvfp4_search_scale_code(small, c_small, mag), 1);
 }
 
+// The CUDA writer's group function (codec::nvfp4_group_search_fast: its own quotient paths -
+// the product by RN(1/s) for powers of two, div_rn_by_reciprocal, the IEEE fallback) run on
+// the host against the spec's records, with outer scales on every path (the device-only
+// pieces, the division by the group scale and the e2m1 code, are the writer primitives the
+// harness checks exhaustively on the device).
+TEST(Nvfp4ScaleSearch, WriterGroupFunctionMatchesSpecOnTheHost) {
+  std::mt19937 rng(19);
+  auto lats = random_latents(rng, 40);
+  const auto adv = adversarial_latents();
+  lats.insert(lats.end(), adv.begin(), adv.end());
+  const std::vector<float> rope(kRopeDim, 1.0f);
+  int64_t groups = 0;
+  for (float outer : {1.0f, 0.125f, 0x1p-70f, 0x1p70f, 0.3f, 7.44e-6f, 1e-20f, 1e35f}) {
+    for (std::size_t li = 0; li < lats.size(); ++li) {
+      const auto want = spec_record(KvFormat::kNvfp4DsMla, lats[li], rope, outer, Nvfp4ScaleMode::kSearch);
+      for (int g = 0; g < NV::kNumGroups; ++g) {
+        const float* x = lats[li].data() + g * 16;
+        float amax = 0;
+        for (int i = 0; i < 16; ++i) amax = std::max(amax, std::abs(x[i]));
+        uint32_t w[2];
+        const uint8_t c = codec::nvfp4_group_search_fast(x, outer, amax, w);
+        ASSERT_EQ(c, want[static_cast<std::size_t>(NV::kScaleOffset + g)]) << "latent " << li << " group " << g
+                                                                            << " outer " << outer;
+        uint8_t bytes[8];
+        std::memcpy(bytes, w, 8);
+        for (int k = 0; k < 8; ++k)
+          ASSERT_EQ(bytes[k], want[static_cast<std::size_t>(NV::kLatentOffset + g * 8 + k)])
+              << "latent " << li << " group " << g << " outer " << outer << " byte " << k;
+        ++groups;
+      }
+    }
+  }
+  EXPECT_GT(groups, 10000);
+}
+
 std::vector<int64_t> simd_targets() {
   std::vector<int64_t> out;
   const int64_t supported = hwy::SupportedTargets() & HWY_TARGETS;
