@@ -236,7 +236,8 @@ std::vector<Result> run_shape(KvFormat f, const Shape& sh, int reps, double copy
 }
 
 // transform: the mlakv recipe's latent transform (random mu and d, both signed Hadamards).
-double writer_gbps(KvFormat f, int reps, curandGenerator_t gen, bool token_scale = false, bool transform = false) {
+double writer_gbps(KvFormat f, int reps, curandGenerator_t gen, bool token_scale = false, bool transform = false,
+                   bool search = false) {
   const int64_t n = 262144;
   const int rb = record_bytes(f);
   uint8_t* cache;
@@ -259,6 +260,7 @@ double writer_gbps(KvFormat f, int reps, curandGenerator_t gen, bool token_scale
   v.record_bytes = rb;
   v.format = f;
   v.token_scale = token_scale;
+  v.nvfp4_scales = search ? Nvfp4ScaleMode::kSearch : Nvfp4ScaleMode::kRn;
   v.device = Device::cuda(0);
   std::optional<cuda::DeviceLatentTransform> dt;
   if (transform) {
@@ -437,13 +439,17 @@ int main(int argc, char** argv) {
   std::printf("\ncache writers (262144 tokens, f32 input, shuffled slots; bytes = input read + slot + record written):\n");
   for (const FormatInfo& fi : all_formats()) {
     if ((!only.empty() && fi.name != only) || !only_shapes.empty() || fi.format == KvFormat::kF32) continue;
-    for (int mode = 0; mode < 3; ++mode) {  // plain, per-token scale (nvfp4), the mlakv latent transform
-      const bool ts = mode == 1, tf = mode == 2;
-      if (ts && !is_nvfp4_format(fi.format)) continue;
-      const double g = writer_gbps(fi.format, reps, gen, ts, tf);
-      const std::string name = std::string(fi.name) + (ts ? "+token-scale" : "") + (tf ? "+transform" : "");
+    // plain, per-token scale (nvfp4), the mlakv latent transform; then (nvfp4) the scale
+    // search (Nvfp4ScaleMode::kSearch) without and with the transform.
+    for (int mode = 0; mode < 5; ++mode) {
+      const bool ts = mode == 1, tf = mode == 2 || mode == 4, se = mode >= 3;
+      if ((ts || se) && !is_nvfp4_format(fi.format)) continue;
+      const double g = writer_gbps(fi.format, reps, gen, ts, tf, se);
+      const std::string name =
+          std::string(fi.name) + (ts ? "+token-scale" : "") + (tf ? "+transform" : "") + (se ? "+scale-search" : "");
       std::printf("  %-34s %8.1f GB/s (%.1f%% of copy)\n", name.c_str(), g, 100 * g / (copy * 1e3));
-      j["writers"].push_back({{"format", std::string(fi.name)}, {"token_scale", ts}, {"transform", tf}, {"gbps", g}});
+      j["writers"].push_back({{"format", std::string(fi.name)}, {"token_scale", ts}, {"transform", tf},
+                              {"nvfp4_scales", se ? "search" : "rn"}, {"gbps", g}});
     }
   }
   if (!json_path.empty()) {

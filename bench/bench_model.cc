@@ -114,12 +114,14 @@ BENCHMARK(BM_MatmulBf16)->Apply(Shapes)->Unit(benchmark::kMillisecond)->MinTime(
 
 // Cache writers: the scalar codec (PagedKvCache::write, the spec) against the runner's
 // SIMD writer (write_records_simd, src/model/record_writer.h) on 4096 tokens.
-// Args: format, simd (0/1), token_scale (0/1: the nvfp4 per-token scale mode).
+// Args: format, simd (0/1), mode (0: static outer scale; 1: the nvfp4 per-token scale mode;
+// 2: the nvfp4 scale search, Nvfp4ScaleMode::kSearch, at the same static outer scale).
 //   in_GB/s   float32 input bytes (576 x 4 per token) encoded per second
 void BM_CacheWrite(benchmark::State& state) {
   const auto f = static_cast<KvFormat>(state.range(0));
   const bool simd = state.range(1) != 0;
-  const bool token_scale = state.range(2) != 0;
+  const bool token_scale = state.range(2) == 1;
+  const bool search = state.range(2) == 2;
   const int64_t n = 4096;
   static std::vector<float> lat, rope;
   static std::vector<int64_t> slots;
@@ -135,7 +137,7 @@ void BM_CacheWrite(benchmark::State& state) {
   }
   KvCache::Config c;
   c.num_blocks = n / kDefaultBlockSize;
-  c.layers = {LayerFormat{f, 1.0f, token_scale}};
+  c.layers = {LayerFormat{f, 1.0f, token_scale, search ? Nvfp4ScaleMode::kSearch : Nvfp4ScaleMode::kRn}};
   auto cache = std::move(PagedKvCache::create_cpu(c).value());
   const TensorView lv = TensorView::contiguous(lat.data(), DType::kF32, {n, kLatentDim});
   const TensorView rv = TensorView::contiguous(rope.data(), DType::kF32, {n, kRopeDim});
@@ -143,7 +145,8 @@ void BM_CacheWrite(benchmark::State& state) {
     const Status st = simd ? write_records_simd(*cache, 0, slots, lv, rv, &pool()) : cache->write(0, slots, lv, rv);
     if (!st.ok()) state.SkipWithError(st.to_string().c_str());
   }
-  state.SetLabel(fmt::format("{}{} {} threads={}", format_name(f), token_scale ? "+token-scale" : "",
+  state.SetLabel(fmt::format("{}{} {} threads={}", format_name(f),
+                             token_scale ? "+token-scale" : (search ? "+scale-search" : ""),
                              simd ? "simd" : "scalar", simd ? threads() : 1));
   state.counters["in_GB/s"] = benchmark::Counter(static_cast<double>(n) * (kLatentDim + kRopeDim) * 4e-9,
                                                  benchmark::Counter::kIsIterationInvariantRate);
@@ -152,6 +155,7 @@ void BM_CacheWrite(benchmark::State& state) {
 BENCHMARK(BM_CacheWrite)
     ->ArgsProduct({{0, 1, 2, 3, 5}, {0, 1}, {0}})
     ->ArgsProduct({{2, 3, 5}, {0, 1}, {1}})
+    ->ArgsProduct({{2, 3, 5}, {0, 1}, {2}})
     ->Unit(benchmark::kMillisecond)
     ->MinTime(0.3)
     ->UseRealTime();
@@ -159,7 +163,9 @@ BENCHMARK(BM_CacheWrite)
 // The SIMD writer with the mlakv recipe's latent transform fused in (centre, per-dim scale,
 // 512-point signed Hadamard per token; Args: format, rope rotation 0/1) against
 // BM_CacheWrite/<format>/1, the same writer without it (target: within 10%).
-void BM_CacheWriteTransform(benchmark::State& state) {
+// BM_CacheWriteTransformSearch: the same with the nvfp4 scale search (the mlakv recipe's
+// default since mlakv_latent_transform_v2; nvfp4 formats).
+void cache_write_transform(benchmark::State& state, bool search) {
   const auto f = static_cast<KvFormat>(state.range(0));
   const int64_t n = 4096;
   std::mt19937 rng(9);
@@ -183,7 +189,7 @@ void BM_CacheWriteTransform(benchmark::State& state) {
   }
   KvCache::Config c;
   c.num_blocks = n / kDefaultBlockSize;
-  c.layers = {LayerFormat{f, 1.0f}};
+  c.layers = {LayerFormat{f, 1.0f, false, search ? Nvfp4ScaleMode::kSearch : Nvfp4ScaleMode::kRn}};
   auto cache = std::move(PagedKvCache::create_cpu(c).value());
   const TensorView lv = TensorView::contiguous(lat.data(), DType::kF32, {n, kLatentDim});
   const TensorView rv = TensorView::contiguous(rope.data(), DType::kF32, {n, kRopeDim});
@@ -191,14 +197,21 @@ void BM_CacheWriteTransform(benchmark::State& state) {
     const Status st = write_records_simd(*cache, 0, slots, lv, rv, &pool(), &*k);
     if (!st.ok()) state.SkipWithError(st.to_string().c_str());
   }
-  state.SetLabel(fmt::format("{} simd+transform{} threads={}", format_name(f), tl.rope_rotate ? "+rope" : "",
-                             threads()));
+  state.SetLabel(fmt::format("{} simd+transform{}{} threads={}", format_name(f), tl.rope_rotate ? "+rope" : "",
+                             search ? "+scale-search" : "", threads()));
   state.counters["in_GB/s"] = benchmark::Counter(static_cast<double>(n) * (kLatentDim + kRopeDim) * 4e-9,
                                                  benchmark::Counter::kIsIterationInvariantRate);
   state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(n), benchmark::Counter::kIsIterationInvariantRate);
 }
+void BM_CacheWriteTransform(benchmark::State& state) { cache_write_transform(state, false); }
+void BM_CacheWriteTransformSearch(benchmark::State& state) { cache_write_transform(state, true); }
 BENCHMARK(BM_CacheWriteTransform)
-    ->ArgsProduct({{0, 1, 2, 3}, {0, 1}})
+    ->ArgsProduct({{0, 1, 2, 3, 5}, {0, 1}})
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(0.3)
+    ->UseRealTime();
+BENCHMARK(BM_CacheWriteTransformSearch)
+    ->ArgsProduct({{2, 3, 5}, {0, 1}})
     ->Unit(benchmark::kMillisecond)
     ->MinTime(0.3)
     ->UseRealTime();

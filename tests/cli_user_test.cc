@@ -293,6 +293,50 @@ TEST_F(CliUser, CodecTokenScaleMode) {
   }
 }
 
+// --nvfp4-scales search: the encoder option (header flag bit 1), records decoded as any others,
+// a lower round-trip error in stats; refused with --token-scale and for other formats.
+TEST_F(CliUser, CodecNvfp4ScaleSearch) {
+  std::vector<float> rows(static_cast<std::size_t>(64) * kQkDim);
+  SplitMix64 rng(9);
+  for (float& x : rows) x = rng.normal();
+  spit(path("in.f32"), rows.data(), rows.size() * 4);
+  CliRun r = run("codec encode --format nvfp4_ds_mla --nvfp4-scales search --in " + path("in.f32") + " --out " +
+                 path("s.rec") + " --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(json_of(r)["nvfp4_scales"], "search");
+  r = run("codec encode --format nvfp4_ds_mla --in " + path("in.f32") + " --out " + path("n.rec"));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const std::string s = slurp(path("s.rec")), n = slurp(path("n.rec"));
+  ASSERT_EQ(s.size(), n.size());
+  EXPECT_EQ(u32_at(s, 48), 2u);  // flags: nvfp4 scale search
+  EXPECT_EQ(u32_at(n, 48), 0u);
+  EXPECT_NE(s.substr(64), n.substr(64));
+  r = run("codec decode --in " + path("s.rec") + " --out " + path("back.f32"));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  // stats: the search's latent error is lower than RN's.
+  auto err = [&](const std::string& extra) {
+    CliRun st = run("codec stats --format nvfp4_ds_mla " + extra + " --in " + path("in.f32") + " --json");
+    EXPECT_EQ(st.rc, 0) << st.err;
+    const Json j = json_of(st);
+    return j["formats"][0]["latent"]["rel_l2"].get<double>();
+  };
+  EXPECT_LT(err("--nvfp4-scales search"), err(""));
+  r = run("codec encode --format nvfp4_ds_mla --token-scale --nvfp4-scales search --in " + path("in.f32") +
+          " --out " + path("z.rec"));
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("does not apply to the per-token scale mode"), std::string::npos) << r.err;
+  r = run("codec encode --format fp8_ds_mla --nvfp4-scales search --in " + path("in.f32") + " --out " + path("z.rec"));
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("encoder option of the nvfp4 formats"), std::string::npos) << r.err;
+  r = run("codec encode --format nvfp4_ds_mla --nvfp4-scales best --in " + path("in.f32") + " --out " + path("z.rec"));
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("--nvfp4-scales: expected \"rn\" or \"search\""), std::string::npos) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(path("z.rec")));
+  // stats --format all with the search: the nvfp4 rows use it, the others are unaffected.
+  r = run("codec stats --format all --nvfp4-scales search --in " + path("in.f32") + " --json");
+  EXPECT_EQ(r.rc, 0) << r.err;
+}
+
 TEST_F(CliUser, DecodeRefusesNonFiniteValues) {
   // 0xFF bytes read as bf16 are NaN: refused, no output written.
   const std::string junk(2 * 1152, '\xff');
@@ -800,7 +844,7 @@ TEST_F(CliUser, F32CacheIsExactAndGivesTransformersParity) {
   EXPECT_GT(e16, 100 * e32);
 }
 
-// layer-forward --scales with a mlakv_latent_transform_v1 file: the layer's latent is written
+// layer-forward --scales with a mlakv_latent_transform_v2 file: the layer's latent is written
 // transformed and its weights folded, so over the lossless f32 cache it still matches
 // transformers' float64 output to float32 rounding (within twice transformers' own float32
 // error: the transform adds one more set of roundings of the same size); the JSON says
@@ -843,7 +887,27 @@ TEST_F(CliUser, LayerForwardAppliesALatentTransformFile) {
   r = run("layer-forward --model " + src + " --layer 0 --threads 1 --input " + src + "/io.safetensors --output " +
           path("q.safetensors") + " --format nvfp4_ds_mla --scales " + path("t.json"));
   ASSERT_EQ(r.rc, 0) << r.err;
-  EXPECT_NE(r.out.find("mlakv latent transform"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("mlakv latent transform, nvfp4 scales rn"), std::string::npos) << r.out;
+  EXPECT_EQ(Json::parse(run("layer-forward --model " + src + " --layer 0 --threads 1 --input " + src +
+                            "/io.safetensors --output " + path("y2.safetensors") + " --format f32 --scales " +
+                            path("t.json") + " --json")
+                            .out)["nvfp4_scales"],
+            "rn");
+  // The same transform with the scale search: applied (the nvfp4 output changes), reported.
+  t.nvfp4_scales = Nvfp4ScaleMode::kSearch;
+  ASSERT_TRUE(write_latent_transform(path("ts.json"), t).ok());
+  r = run("layer-forward --model " + src + " --layer 0 --threads 1 --input " + src + "/io.safetensors --output " +
+          path("qs.safetensors") + " --format nvfp4_ds_mla --scales " + path("ts.json") + " --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(Json::parse(r.out)["nvfp4_scales"], "search");
+  {
+    auto q = SafetensorsFile::open(path("q.safetensors"));
+    auto qs = SafetensorsFile::open(path("qs.safetensors"));
+    ASSERT_TRUE(q.ok() && qs.ok());
+    const TensorView a = *(*q)->find("output"), b = *(*qs)->find("output");
+    ASSERT_EQ(a.numel(), b.numel());
+    EXPECT_NE(0, std::memcmp(a.data, b.data, static_cast<std::size_t>(a.numel()) * sizeof(float)));
+  }
   // A model with an MTP layer (cache layer 1) and the one-layer transform.
   const std::string m = fixture_copy(dir_ / "mtp_t", 1.0f, true);
   r = run("layer-forward --model " + m + " --layer 1 --threads 1 --input " + m + "/io.safetensors --output " +

@@ -194,7 +194,7 @@ TEST_F(EvalCli, ReparamPreservesTheFunction) {
 }
 
 // The mlakv recipe from the command line: calibrate --recipe mlakv writes a
-// mlakv_latent_transform_v1 file, eval --scales FILE detects its kind, and --recipe both
+// mlakv_latent_transform_v2 file, eval --scales FILE detects its kind, and --recipe both
 // with --scales auto reports rows per recipe x format with the recipe in the JSON.
 TEST_F(EvalCli, MlakvRecipeCalibrateAndEval) {
   const std::string tk = tokens(4 * 32);
@@ -203,10 +203,12 @@ TEST_F(EvalCli, MlakvRecipeCalibrateAndEval) {
                "--importance uniform --json --out " + out);
   ASSERT_EQ(r.rc, 0) << r.err;
   const auto cj = nlohmann::json::parse(r.out);
-  EXPECT_EQ(cj["format"], "mlakv_latent_transform_v1");
+  EXPECT_EQ(cj["format"], "mlakv_latent_transform_v2");
   EXPECT_EQ(cj["importance"], "uniform");
+  EXPECT_EQ(cj["nvfp4_scales"], "search");
   const auto file = nlohmann::json::parse(slurp(out));
-  EXPECT_EQ(file["format"], "mlakv_latent_transform_v1");
+  EXPECT_EQ(file["format"], "mlakv_latent_transform_v2");
+  EXPECT_EQ(file["nvfp4_scales"], "search");  // calibrate's default
   ASSERT_EQ(file["layers"].size(), 2u);
   EXPECT_EQ(file["layers"][0]["rope_rotate"], true);
   EXPECT_DOUBLE_EQ(file["layers"][1]["outer_scale"].get<double>(),
@@ -279,6 +281,90 @@ TEST_F(EvalCli, MlakvRecipeSelectsTheSignSeed) {
     EXPECT_NE(r.err.find(std::string(bad).substr(1, std::string(bad).find(' ', 1) - 1)), std::string::npos) << r.err;
     EXPECT_FALSE(fs::exists(path("no.json"))) << bad;
   }
+}
+
+// --nvfp4-scales: calibrate --recipe mlakv records it (search by default, rn on request) and
+// eval applies what the file says: a v1 file (no such key) evaluates exactly as the rn file
+// it was made from, the search file differently; bad values and the fork recipe are refused.
+TEST_F(EvalCli, Nvfp4ScalesRecordedAndApplied) {
+  const std::string tk = tokens(4 * 32);
+  const std::string base = "calibrate --model " + kTiny + " --tokens " + tk + " --context 32 --windows 2 --recipe mlakv "
+                           "--seed-candidates 1";
+  auto r = run(base + " --nvfp4-scales rn --out " + path("rn.json"));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("nvfp4 scales rn"), std::string::npos) << r.out;
+  r = run(base + " --out " + path("search.json"));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  auto rn = nlohmann::json::parse(slurp(path("rn.json")));
+  EXPECT_EQ(rn["nvfp4_scales"], "rn");
+  EXPECT_EQ(nlohmann::json::parse(slurp(path("search.json")))["nvfp4_scales"], "search");
+  // The same transform as a version-1 file.
+  nlohmann::json v1 = rn;
+  v1["format"] = "mlakv_latent_transform_v1";
+  v1.erase("nvfp4_scales");
+  {
+    std::ofstream f(path("v1.json"));
+    f << v1.dump(1);
+  }
+  r = run("eval --model " + kTiny + " --tokens " + tk + " --context 32 --windows 2 --formats nvfp4_ds_mla,bf16 --scales " +
+          path("rn.json") + " --scales " + path("v1.json") + " --scales " + path("search.json") + " --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["formats"].size(), 8u);  // per format: none + 3 files
+  for (int f = 0; f < 2; ++f) {
+    const auto& rows = j["formats"];
+    const auto& a = rows[4 * f + 1];
+    const auto& b = rows[4 * f + 2];
+    const auto& c = rows[4 * f + 3];
+    EXPECT_EQ(a["scales"], "rn.json");
+    EXPECT_EQ(b["scales"], "v1.json");
+    EXPECT_EQ(c["scales"], "search.json");
+    EXPECT_EQ(a["kld_mean"].get<double>(), b["kld_mean"].get<double>()) << rows[4 * f]["format"];
+    if (rows[4 * f]["format"] == "nvfp4_ds_mla") {
+      EXPECT_NE(a["kld_mean"].get<double>(), c["kld_mean"].get<double>());
+    } else {  // bf16: no nvfp4 groups, the same records
+      EXPECT_EQ(a["kld_mean"].get<double>(), c["kld_mean"].get<double>());
+    }
+  }
+  // The seed selection runs with the file's mode in effect: two candidates' calibration KLDs
+  // differ between rn and search (the same transforms otherwise).
+  const std::string sel = "calibrate --model " + kTiny + " --tokens " + tk + " --context 32 --windows 2 --recipe mlakv "
+                          "--seed-candidates 2";
+  ASSERT_EQ(run(sel + " --nvfp4-scales rn --out " + path("sel_rn.json")).rc, 0);
+  ASSERT_EQ(run(sel + " --out " + path("sel_search.json")).rc, 0);
+  const auto srn = nlohmann::json::parse(slurp(path("sel_rn.json")))["seed_search"]["candidates"];
+  const auto sse = nlohmann::json::parse(slurp(path("sel_search.json")))["seed_search"]["candidates"];
+  ASSERT_EQ(srn.size(), 2u);
+  ASSERT_EQ(sse.size(), 2u);
+  for (int k = 0; k < 2; ++k) {
+    EXPECT_EQ(srn[k]["seed"], sse[k]["seed"]);
+    EXPECT_NE(srn[k]["kld_mean"].get<double>(), sse[k]["kld_mean"].get<double>()) << k;
+  }
+  // Refused before anything is written.
+  r = run(base + " --nvfp4-scales nearest --out " + path("bad.json"));
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("--nvfp4-scales: expected \"rn\" or \"search\", got \"nearest\""), std::string::npos) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(path("bad.json")));
+  r = run("calibrate --model " + kTiny + " --tokens " + tk + " --context 32 --windows 2 --nvfp4-scales search --out " +
+          path("fork.json"));
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("--nvfp4-scales is an option of --recipe mlakv"), std::string::npos) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(path("fork.json")));
+  r = run("eval --model " + kTiny + " --tokens " + tk + " --context 32 --windows 2 --scales auto --recipe mlakv "
+          "--nvfp4-scales maybe");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("--nvfp4-scales"), std::string::npos) << r.err;
+  // A file whose nvfp4_scales is not a mode: the strict parser's error, naming the file.
+  nlohmann::json bad = rn;
+  bad["nvfp4_scales"] = "fast";
+  {
+    std::ofstream f(path("badfile.json"));
+    f << bad.dump(1);
+  }
+  r = run("eval --model " + kTiny + " --tokens " + tk + " --context 32 --windows 2 --formats nvfp4_ds_mla --scales " +
+          path("badfile.json"));
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("badfile.json: field 'nvfp4_scales' must be \"rn\" or \"search\""), std::string::npos) << r.err;
 }
 
 TEST_F(EvalCli, MlakvRecipeBadInputs) {

@@ -260,7 +260,10 @@ TEST(LatentTransformFile, StrictParsingNamesTheField) {
       {[](auto& j) { j["extra"] = 1; }, "unknown key \"extra\""},
       {[](auto& j) { j["layers"][1]["bias"] = 1; }, "layers[1]: unknown key \"bias\""},
       {[](auto& j) { j.erase("format"); }, "'format' is missing"},
-      {[](auto& j) { j["format"] = "mlakv_latent_transform_v2"; }, "field 'format'"},
+      {[](auto& j) { j["format"] = "mlakv_latent_transform_v3"; }, "field 'format'"},
+      {[](auto& j) { j["nvfp4_scales"] = "nearest"; }, "field 'nvfp4_scales' must be \"rn\" or \"search\""},
+      {[](auto& j) { j["nvfp4_scales"] = true; }, "field 'nvfp4_scales'"},
+      {[](auto& j) { j.erase("nvfp4_scales"); }, "required field 'nvfp4_scales' is missing"},
       {[](auto& j) { j["num_layers"] = 3; }, "field 'layers'"},
       {[](auto& j) { j["num_layers"] = 2.0; }, "field 'num_layers'"},
       {[](auto& j) { j["latent_dim"] = 576; }, "field 'latent_dim'"},
@@ -295,6 +298,53 @@ TEST(LatentTransformFile, StrictParsingNamesTheField) {
   ASSERT_FALSE(unknown.ok());
   EXPECT_NE(unknown.status().message().find("s.json: field 'format'"), std::string::npos);
   EXPECT_FALSE(parse_scale_file("{}", "s.json").ok());
+}
+
+// The nvfp4 scale mode (version 2's "nvfp4_scales"): written and read back; a version-1 file
+// (no such key) still reads, as "rn", and may not carry the key.
+TEST(LatentTransformFile, Nvfp4ScalesFieldAndVersion1) {
+  for (Nvfp4ScaleMode m : {Nvfp4ScaleMode::kRn, Nvfp4ScaleMode::kSearch}) {
+    LatentTransform t = two_layers();
+    t.nvfp4_scales = m;
+    auto text = latent_transform_to_json(t);
+    ASSERT_TRUE(text.ok());
+    const nlohmann::json j = nlohmann::json::parse(*text);
+    EXPECT_EQ(j["format"], "mlakv_latent_transform_v2");
+    EXPECT_EQ(j["nvfp4_scales"], m == Nvfp4ScaleMode::kSearch ? "search" : "rn");
+    auto back = parse_latent_transform(*text, "t.json");
+    ASSERT_TRUE(back.ok()) << back.status().to_string();
+    EXPECT_EQ(back->nvfp4_scales, m);
+    auto f = parse_scale_file(*text, "t.json");
+    ASSERT_TRUE(f.ok());
+    EXPECT_EQ(f->transform.nvfp4_scales, m);
+  }
+  // A v1 file as v1 wrote it (v2's text less the key): read, meaning rn.
+  LatentTransform t = two_layers();
+  t.nvfp4_scales = Nvfp4ScaleMode::kSearch;
+  nlohmann::json v1 = nlohmann::json::parse(*latent_transform_to_json(t));
+  v1["format"] = "mlakv_latent_transform_v1";
+  v1.erase("nvfp4_scales");
+  auto old = parse_latent_transform(v1.dump(), "old.json");
+  ASSERT_TRUE(old.ok()) << old.status().to_string();
+  EXPECT_EQ(old->nvfp4_scales, Nvfp4ScaleMode::kRn);
+  EXPECT_EQ(old->layers[0].d, t.layers[0].d);
+  auto f = parse_scale_file(v1.dump(), "old.json");
+  ASSERT_TRUE(f.ok()) << f.status().to_string();
+  EXPECT_EQ(f->kind, ScaleFile::Kind::kLatentTransform);
+  EXPECT_EQ(f->transform.nvfp4_scales, Nvfp4ScaleMode::kRn);
+  // v1 with the v2 key: unknown to v1.
+  v1["nvfp4_scales"] = "search";
+  auto mixed = parse_latent_transform(v1.dump(), "old.json");
+  ASSERT_FALSE(mixed.ok());
+  EXPECT_NE(mixed.status().message().find("unknown key \"nvfp4_scales\""), std::string::npos)
+      << mixed.status().message();
+  EXPECT_NE(mixed.status().message().find("came with version 2"), std::string::npos) << mixed.status().message();
+  // The recipe's default is search, and the calibrator records the recipe's mode.
+  EXPECT_EQ(LatentTransformRecipe{}.nvfp4_scales, Nvfp4ScaleMode::kSearch);
+  // An out-of-range enum is not written.
+  LatentTransform bad = two_layers();
+  bad.nvfp4_scales = static_cast<Nvfp4ScaleMode>(3);
+  EXPECT_FALSE(latent_transform_to_json(bad).ok());
 }
 
 // The optional seed_search record (how calibration chose the sign seed): written and read
@@ -710,6 +760,9 @@ TEST(LatentTransformCalibrator, MeanAndUniformImportanceKnownAnswers) {
   EXPECT_NEAR(log_sum / kLatentDim, 0.0, 1e-5);
   EXPECT_TRUE(L.rotate);
   EXPECT_EQ(L.sign_seed, r.seed);
+  EXPECT_EQ(t->nvfp4_scales, Nvfp4ScaleMode::kSearch);  // the recipe's default, recorded
+  r.nvfp4_scales = Nvfp4ScaleMode::kRn;
+  EXPECT_EQ(cal.finish(r)->nvfp4_scales, Nvfp4ScaleMode::kRn);
   // Query importance needs queries; output importance needs the energies.
   r.importance = LatentImportance::kQuery;
   EXPECT_FALSE(cal.finish(r).ok());

@@ -32,15 +32,8 @@
 namespace mlakv::model {
 namespace {
 
-// codec::encode_record's scale-mode parameter type (codec::Fp8Scales or Fp8ScaleMode,
-// both kPow2 = 0, kExact = 1).
-template <class F>
-struct FifthParam;
-template <class R, class A, class B, class C, class D, class E, class G, class H>
-struct FifthParam<R (*)(A, B, C, D, E, G, H)> {
-  using type = E;
-};
-using CodecMode = typename FifthParam<decltype(&codec::encode_record)>::type;
+// codec::encode_record's fp8 scale-mode parameter type (Fp8ScaleMode: kPow2 = 0, kExact = 1).
+using CodecMode = Fp8ScaleMode;
 
 std::vector<int64_t> targets() {
   std::vector<int64_t> out;

@@ -324,10 +324,15 @@ TEST(TokenScale, RecordFileCarriesTheMode) {
   auto h0 = record_file_header(p, 0);
   EXPECT_EQ((*h0)[layout::record_file::kFlagsOffset], 0);
   EXPECT_FALSE(parse_record_file(*h0, "mem")->params.token_scale);
-  (*h)[layout::record_file::kFlagsOffset] = 3;  // an unknown flag bit
+  (*h)[layout::record_file::kFlagsOffset] = 4;  // an unknown flag bit (bits 0 and 1 are known)
   auto bad = parse_record_file(*h, "mem");
   EXPECT_EQ(bad.status().code(), StatusCode::kDataLoss);
   EXPECT_NE(bad.status().message().find("flags"), std::string::npos) << bad.status().to_string();
+  // Token-scale mode with the nvfp4 scale search (bit 1): the combination the codec refuses.
+  (*h)[layout::record_file::kFlagsOffset] = 3;
+  auto both = parse_record_file(*h, "mem");
+  EXPECT_EQ(both.status().code(), StatusCode::kDataLoss);
+  EXPECT_NE(both.status().message().find("per-token scale mode"), std::string::npos) << both.status().to_string();
   // The flag on a format without the mode fails like the codec params.
   CodecParams f8;
   f8.format = KvFormat::kFp8DsMla;

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Variants of an mlakv_latent_transform_v1 file for recipe studies (docs/quality.md "Past 0.60").
+"""Variants of an mlakv_latent_transform_v2 (or v1) file for recipe studies (docs/quality.md "Past 0.60").
 
 Two subcommands, both writing ordinary transform files that `mlakv eval --scales` reads:
 
@@ -23,14 +23,15 @@ import subprocess
 import sys
 import tempfile
 
-FORMAT = "mlakv_latent_transform_v1"
+FORMAT = "mlakv_latent_transform_v2"
+FORMATS = ("mlakv_latent_transform_v2", "mlakv_latent_transform_v1")  # v1 (no nvfp4_scales) reads as "rn"
 
 
 def load(path):
     with open(path) as f:
         j = json.load(f)
-    if j.get("format") != FORMAT:
-        sys.exit(f"error: {path}: not a {FORMAT} file")
+    if j.get("format") not in FORMATS:
+        sys.exit(f"error: {path}: not a {' or '.join(FORMATS)} file")
     j.pop("seed_search", None)
     return j
 

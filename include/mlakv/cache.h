@@ -34,6 +34,9 @@ struct LayerFormat {
   // nvfp4 formats only, with outer_scale 1.0: the per-token scale mode (codec.h
   // CodecParams::token_scale; the fork's VLLM_NVFP4_MLA_DYNAMIC_SCALE=1).
   bool token_scale = false;
+  // nvfp4 formats only, outside token-scale mode: how the writers choose group scale codes
+  // (codec.h Nvfp4ScaleMode; the records read the same either way).
+  Nvfp4ScaleMode nvfp4_scales = Nvfp4ScaleMode::kRn;
 };
 
 // One layer's cache as kernels read it. Records are record_bytes apart; block b's
@@ -49,12 +52,15 @@ struct CacheLayerView {
   int latent_dim = kLatentDim;
   int rope_dim = kRopeDim;
   bool token_scale = false;  // nvfp4 per-token scale mode (LayerFormat::token_scale)
+  // The writers' nvfp4 group-scale choice (LayerFormat::nvfp4_scales; readers ignore it).
+  Nvfp4ScaleMode nvfp4_scales = Nvfp4ScaleMode::kRn;
 
   int64_t num_slots() const { return num_blocks * block_size; }
   const uint8_t* record(int64_t slot) const { return data + slot * record_bytes; }
 };
 
-// Validates a view (sizes, format/geometry, outer scale, token-scale mode); `name` prefixes messages.
+// Validates a view (sizes, format/geometry, outer scale, token-scale mode, nvfp4 scale mode);
+// `name` prefixes messages.
 Status check_cache_view(const CacheLayerView& c, std::string_view name);
 
 // Encodes n tokens into `slots` of a host cache layer held anywhere (a KvCache's, or a

@@ -17,6 +17,21 @@ namespace mlakv {
 // amax/448 (vLLM's writer). Readers accept any positive finite scale.
 enum class Fp8ScaleMode : uint8_t { kPow2 = 0, kExact = 1 };
 
+// nvfp4 group scale codes: an encoder's choice only (readers decode whatever scale byte
+// they find, so records of either mode are read the same way, by every reader):
+//   kRn      e4m3_rn(amax_g / 6), the fork's encoder (the default);
+//   kSearch  per 16-dim group, the code among RN - 1, RN and RN + 1 whose reconstruction
+//            sf * e2m1(y / sf) has the least squared error over the group's 16 values
+//            (codec::nvfp4_search_scale_code in src/format/record_codec.h defines the error
+//            exactly and the ties; docs/formats.md "nvfp4 scale search", docs/quality.md).
+// kSearch applies to the nvfp4 formats with a static outer scale only: the per-token scale
+// mode is the fork's encoder and stays RN (check_nvfp4_scales rejects the combination).
+enum class Nvfp4ScaleMode : uint8_t { kRn = 0, kSearch = 1 };
+// "rn", "search"
+std::string_view nvfp4_scale_mode_name(Nvfp4ScaleMode m);
+// kInvalidArgument naming `what` for anything but "rn" / "search".
+StatusOr<Nvfp4ScaleMode> parse_nvfp4_scale_mode(std::string_view text, std::string_view what = "nvfp4_scales");
+
 struct CodecParams {
   KvFormat format = KvFormat::kBf16;
   // The layer's NVFP4 outer scale s_l (nvfp4 formats only; must stay 1.0 otherwise):
@@ -29,13 +44,18 @@ struct CodecParams {
   // formats.h nvfp4_token_scale, docs/formats.md): the writer stores s_t = token_amax *
   // f32(1/2688) at [292, 296) and encodes latent / s_t; the reader multiplies by it.
   bool token_scale = false;
+  // nvfp4 formats only, outside the per-token scale mode: how group scale codes are chosen.
+  Nvfp4ScaleMode nvfp4_scales = Nvfp4ScaleMode::kRn;
 };
 
-// Validates the format/geometry/outer-scale/token-scale combination; returns the record size.
+// Validates the format/geometry/outer-scale/token-scale/nvfp4-scale combination; returns the record size.
 StatusOr<int> codec_record_bytes(const CodecParams& p);
 // The token-scale checks alone (the cache views use them too): OK when !token_scale, else
 // the format must be an nvfp4 one and outer_scale 1.0. `name` prefixes the message.
 Status check_token_scale(KvFormat format, bool token_scale, float outer_scale, std::string_view name);
+// The nvfp4 scale-mode checks alone (the cache views use them too): OK for kRn, else the
+// format must be an nvfp4 one and token_scale off. `name` prefixes the message.
+Status check_nvfp4_scales(KvFormat format, Nvfp4ScaleMode mode, bool token_scale, std::string_view name);
 
 // Encodes n tokens.
 //   latent  [n, latent_dim] f32 or bf16, CPU, rows may be strided

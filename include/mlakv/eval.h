@@ -174,13 +174,14 @@ struct EvalRequest {
   std::vector<EvalFormat> formats;  // >= 1; duplicates are dropped, the order is kept
   // Calibrated sources (`--scales`), each "auto" (calibrated on `calib_windows` windows of the
   // input after the eval windows, for the recipes `recipe` asks for) or a scale file of
-  // either kind (load_scale_file: nvfp4_ds_mla_outer_scale_v1 or mlakv_latent_transform_v1).
+  // either kind (load_scale_file: nvfp4_ds_mla_outer_scale_v1 or mlakv_latent_transform_v2 / v1).
   std::vector<std::string> scales;
   // "" (fork for auto, the files' own kinds), "fork", "mlakv" or "both"; needs scales.
   std::string recipe;
   LatentImportance importance = LatentTransformRecipe{}.importance;  // for mlakv-recipe auto
   LatentImportanceWeights importance_weights;                         // with importance kFile
   int seed_candidates = LatentTransformRecipe{}.seed_candidates;     // for mlakv-recipe auto
+  Nvfp4ScaleMode nvfp4_scales = LatentTransformRecipe{}.nvfp4_scales;  // for mlakv-recipe auto (files carry their own)
   int64_t context = 2048, windows = 32, calib_windows = 4;
   int needle = 0;  // needle trials (docs/needle.md): needs a tokenizer and max_position_embeddings
   int block_size = kDefaultBlockSize;
@@ -198,9 +199,12 @@ StatusOr<EvalReport> eval_model(Model& model, const Tokenizer* tokenizer, std::s
 
 // The report as `mlakv eval --json` prints it: {model, context, windows, positions,
 // reference {ppl, bits_per_token, tokens_per_s, needle_found, needle_total}, formats [{format,
-// record_bytes, recipe, scales, token_scale, kld_mean, kld_p99, kld_max, kld_by_position_bucket, top1_agree, ppl,
+// record_bytes, recipe, scales, token_scale, nvfp4_scales, kld_mean, kld_p99, kld_max, kld_by_position_bucket, top1_agree, ppl,
 // bits_per_token, tokens_per_s, needle_found, needle_total}]}; non-finite numbers are null,
 // text that is not UTF-8 gets U+FFFD. `indent` < 0: one line.
+// How a row's nvfp4 group scales were chosen: its transform's nvfp4_scales on an nvfp4 format
+// (the mlakv recipe), else kRn (the fork's outer scales, uncalibrated, token-scale rows).
+Nvfp4ScaleMode row_nvfp4_scales(const EvalCacheSpec& spec);
 std::string eval_report_json(const EvalReport& report, std::string_view model, int64_t context, int64_t windows,
                              int indent = 2);
 

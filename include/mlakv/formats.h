@@ -154,8 +154,10 @@ inline constexpr int kFp8ScalesOffset = 28;    // u32 fp8 tile-scale mode (0 pow
 inline constexpr int kTokensOffset = 32;       // u64 token count
 inline constexpr int kLatentDimOffset = 40;    // u32 latent dim (512)
 inline constexpr int kRopeDimOffset = 44;      // u32 rope dim (64)
-inline constexpr int kFlagsOffset = 48;        // u32 flags: bit 0 = nvfp4 token-scale mode
+inline constexpr int kFlagsOffset = 48;        // u32 flags: bit 0 = nvfp4 token-scale mode,
+                                               // bit 1 = nvfp4 scale search (written so; readers ignore it)
 inline constexpr uint32_t kFlagTokenScale = 1u;
+inline constexpr uint32_t kFlagNvfp4ScaleSearch = 2u;
 inline constexpr int kPadOffset = 52;          // 12 zero bytes
 inline constexpr int kHeaderBytes = 64;
 }  // namespace record_file

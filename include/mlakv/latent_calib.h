@@ -2,13 +2,16 @@
 // recipe", docs/quality.md): a LatentTransform (include/mlakv/latent_transform.h) per
 // layer, estimated from what the model runner sees on calibration text.
 //
-// The file, "mlakv_latent_transform_v1", is one JSON object; every key below is
+// The file, "mlakv_latent_transform_v2", is one JSON object; every key below is
 // required unless marked optional, and any other key (top level or per layer) is an error:
-//   {"format": "mlakv_latent_transform_v1",
+//   {"format": "mlakv_latent_transform_v2",  or "mlakv_latent_transform_v1" (read, never
+//                                     written): the same without "nvfp4_scales", meaning "rn"
 //    "num_layers": 4,                  an integer in [1, 65536]
 //    "latent_dim": 512, "rope_dim": 64,  exactly these integers
 //    "denominator": 2688.0,            s_l = max |c'| / denominator (exactly 2688 = 6 * 448)
 //    "importance": "query",            optional: the importance estimate d was made with
+//    "nvfp4_scales": "search",         "rn" or "search" (v2; Nvfp4ScaleMode, codec.h): how the
+//                                      nvfp4 writers choose group scale codes for these records
 //    "seed_search": {                  optional (audit): how the sign seed was chosen
 //      "format": "nvfp4_ds_mla",       a record format name
 //      "context": 2048, "windows": 4,  integers >= 2 and >= 1
@@ -133,6 +136,11 @@ struct LatentTransformRecipe {
   // seed as given, no selection. Only where something rotates (rotate or rope_rotate).
   int seed_candidates = 4;  // in [1, 64]
   KvFormat select_format = KvFormat::kNvfp4DsMla;
+  // How the nvfp4 writers choose group scale codes for the transform's records (recorded as
+  // LatentTransform::nvfp4_scales, in effect during the seed selection too). kSearch: the
+  // group scale chosen among RN - 1, RN, RN + 1 by its squared error, measured 11% lower
+  // KLD on the shipped model (docs/quality.md).
+  Nvfp4ScaleMode nvfp4_scales = Nvfp4ScaleMode::kSearch;
   // importance kFile: the weights (one entry per model layer), else unused.
   LatentImportanceWeights weights;
 };

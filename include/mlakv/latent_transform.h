@@ -31,12 +31,16 @@
 #include <string_view>
 #include <vector>
 
+#include "mlakv/codec.h"
 #include "mlakv/formats.h"
 #include "mlakv/status.h"
 
 namespace mlakv {
 
-inline constexpr std::string_view kLatentTransformFileFormat = "mlakv_latent_transform_v1";
+// The file's "format" (include/mlakv/latent_calib.h): v2 is written; v1 (before the
+// nvfp4_scales field; its files mean Nvfp4ScaleMode::kRn) is still read.
+inline constexpr std::string_view kLatentTransformFileFormat = "mlakv_latent_transform_v2";
+inline constexpr std::string_view kLatentTransformFileFormatV1 = "mlakv_latent_transform_v1";
 
 // One layer's transform. Defaults are the identity (mu = 0, d = 1, no rotation).
 struct LatentTransformLayer {
@@ -69,6 +73,10 @@ struct LatentTransform {
   // For the record (the file's "calibration" object): how it was made, free text.
   std::string importance;  // the per-dim importance estimate ("query", "output", ...)
   std::optional<LatentSeedSearch> seed_search;  // for the record: the sign-seed selection
+  // How the nvfp4 writers choose group scale codes for this transform's records (codec.h;
+  // the file's "nvfp4_scales"): applied to every layer written in an nvfp4 format with it
+  // (Model::transform_layer_formats). A v1 file reads as kRn.
+  Nvfp4ScaleMode nvfp4_scales = Nvfp4ScaleMode::kRn;
   int num_layers() const { return static_cast<int>(layers.size()); }
 };
 

@@ -214,7 +214,8 @@ class Model {
   // (FoldedLatentTransform). Memory: a float32 kv_b_proj per layer.
   StatusOr<std::shared_ptr<const FoldedLatentTransform>> fold_latent_transform(const LatentTransform& t) const;
   // Cache layer formats for a transformed cache: `format` in every layer with the
-  // transform's outer scale s_l where the format has one (1.0 otherwise).
+  // transform's outer scale s_l where the format has one (1.0 otherwise), and its
+  // nvfp4_scales on the nvfp4 formats (kRn otherwise).
   StatusOr<std::vector<LayerFormat>> transform_layer_formats(KvFormat format, const LatentTransform& t) const;
   // The output importance of each latent dim of `layer`: e_i = sum_h ||W_o,h W_UV,h e_i||^2
   // (W_o,h the o_proj columns of head h, [D, V]; W_UV,h [V, L]), the squared norm of what

@@ -15,15 +15,17 @@ def formats() -> list[dict[str, Any]]:
     """Every record format: name, record_bytes, has_outer_scale, summary, regions [(offset, bytes, what)]."""
 def record_bytes(format: str) -> int: ...
 def encode(latent: Array, rope: Array, format: str, *, outer_scale: float = 1.0, fp8_scales: str = "pow2",
-           out: Optional[Array] = None, token_scale: bool = False) -> npt.NDArray[np.uint8]:
+           out: Optional[Array] = None, token_scale: bool = False, nvfp4_scales: str = "rn") -> npt.NDArray[np.uint8]:
     """latent [n, 512], rope [n, 64] (f32 or bf16, CPU) -> records [n, record_bytes] uint8 (into `out` if given).
-    token_scale: the nvfp4 per-token scale mode (s_t at bytes [292, 296); replaces outer_scale)."""
+    token_scale: the nvfp4 per-token scale mode (s_t at bytes [292, 296); replaces outer_scale).
+    nvfp4_scales: "rn" (round to nearest) or "search" (each group's scale among RN-1, RN, RN+1 by its
+    squared error; nvfp4 formats outside token_scale; the records decode as any others)."""
 def decode(records: Array, format: str, *, outer_scale: float = 1.0, latent_dim: int = 512,
            rope_dim: int = 64, token_scale: bool = False) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
     """records [n, record_bytes] uint8 -> (latent [n, 512], rope [n, 64]) float32."""
 def write_cache(kv_cache: Array, slot_mapping: Array, latent: Array, rope: Array, *, format: str,
                 outer_scale: float = 1.0, fp8_scales: str = "pow2", stream: int = 0, token_scale: bool = False,
-                check_scales: bool | None = None) -> None:
+                check_scales: bool | None = None, nvfp4_scales: str = "rn") -> None:
     """vLLM's concat_and_cache_mla: kv_cache [num_blocks, block_size, record_bytes] uint8 (written in place),
     slot_mapping [n] int64/int32 (-1 = padding, skipped), latent [n, 512], rope [n, 64]. All or nothing.
     check_scales: warn (UserWarning) when most nvfp4 group scales of the written tokens fall into e4m3
@@ -46,18 +48,23 @@ class CacheLayer:
     @property
     def token_scale(self) -> bool: ...
     @property
+    def nvfp4_scales(self) -> str: ...
+    @property
     def device(self) -> str: ...
     def tensor(self) -> npt.NDArray[np.uint8]:
         """The layer's bytes [num_blocks, block_size, record_bytes] (a view, no copy)."""
 
-def cache_layer(kv_cache: Array, format: str, *, outer_scale: float = 1.0, token_scale: bool = False) -> CacheLayer:
+def cache_layer(kv_cache: Array, format: str, *, outer_scale: float = 1.0, token_scale: bool = False,
+                nvfp4_scales: str = "rn") -> CacheLayer:
     """Wraps a caller's [num_blocks, block_size, record_bytes] uint8 tensor (no copy)."""
 
 class PagedCache:
     def __init__(self, num_blocks: int, *, block_size: int = 64, num_layers: int = 1,
                  formats: Sequence[str] = ("bf16",), outer_scales: Sequence[float] = (),
-                 fp8_scales: str = "pow2", token_scale: bool = False) -> None:
-        """token_scale: every layer in the nvfp4 per-token scale mode (nvfp4 formats, no outer_scales)."""
+                 fp8_scales: str = "pow2", token_scale: bool = False, nvfp4_scales: str = "rn") -> None:
+        """token_scale: every layer in the nvfp4 per-token scale mode (nvfp4 formats, no outer_scales).
+        nvfp4_scales: how the writer chooses nvfp4 group scales, "rn" or "search" (every layer nvfp4, no
+        token_scale); a LatentTransform's records take its own (LatentTransform.nvfp4_scales)."""
     def add_sequence(self) -> int: ...
     def append(self, seq: int, n: int) -> npt.NDArray[np.int64]:
         """Reserves n tokens; returns their slot ids [n]. All or nothing (MemoryError when full)."""
@@ -117,9 +124,12 @@ class OuterScales:
 def load_outer_scales(path: str) -> OuterScales: ...
 
 class LatentTransform:
-    """A mlakv_latent_transform_v1 file (the mlakv recipe, docs/calibration.md)."""
+    """A mlakv_latent_transform_v2 (or v1) file (the mlakv recipe, docs/calibration.md)."""
     @property
     def num_layers(self) -> int: ...
+    @property
+    def nvfp4_scales(self) -> str:
+        """"rn" or "search": how the nvfp4 writers encode this transform's records (v1 files: "rn")."""
     @property
     def outer_scales(self) -> list[float]: ...
     @property
@@ -208,15 +218,15 @@ class Model:
                                        "nvfp4_ds_mla_int8rope"),
              scales: Optional[str | Sequence[str]] = None, recipe: str = "", importance: str = "uniform",
              seed_candidates: int = 4, calib_windows: int = 4, needle: int = 0, block_size: int = 64,
-             progress: Optional[ProgressFn] = None) -> dict[str, Any]:
+             progress: Optional[ProgressFn] = None, nvfp4_scales: str = "search") -> dict[str, Any]:
         """`mlakv eval --json` as a dict (the same keys): teacher-forced KLD against the f32 cache, top-1,
         perplexity and needle retrieval of each format over `windows` windows of `context` tokens.
         Text is encoded without special tokens (as --text); a format may be "NAME+token-scale" (nvfp4).
         scales (--scales): None, or one or a list of "auto" (calibrated on calib_windows windows after
-        the eval windows) / a scale file of either kind (outer scales or mlakv_latent_transform_v1), read
+        the eval windows) / a scale file of either kind (outer scales or mlakv_latent_transform_v2/v1), read
         by the loader the CLI uses; recipe (--recipe): "", "fork", "mlakv" or "both"; importance
         (--importance) and seed_candidates (--seed-candidates: sign seeds tried on the calibration
-        windows, the lowest-KLD one kept) for the mlakv recipe's auto calibration. progress(stage, done, total) is called
+        windows, the lowest-KLD one kept) and nvfp4_scales (--nvfp4-scales) for the mlakv recipe's auto calibration. progress(stage, done, total) is called
         with stage "calibration (fork recipe)", "calibration (mlakv recipe)", "eval" or "needle"; an
         exception it raises stops further calls and is raised when the run ends."""
     def generate(self, prompt: TextOrTokens, *, format: str = "bf16", max_tokens: int = 64,

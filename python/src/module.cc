@@ -166,6 +166,12 @@ Fp8ScaleMode fp8_mode_of(const std::string& name) {
   throw nb::value_error(("fp8_scales: expected 'pow2' or 'exact', got '" + name + "'").c_str());
 }
 
+Nvfp4ScaleMode nvfp4_mode_of(const std::string& name) {
+  if (name == "rn") return Nvfp4ScaleMode::kRn;
+  if (name == "search") return Nvfp4ScaleMode::kSearch;
+  throw nb::value_error(("nvfp4_scales: expected 'rn' or 'search', got '" + name + "'").c_str());
+}
+
 // ---- the thread pool of the CPU kernels --------------------------------------------------
 
 std::mutex g_pool_mu;
@@ -186,7 +192,7 @@ struct CacheLayer {
 };
 
 CacheLayer cache_layer_from_tensor(nb::handle obj, const AnyMutArray& kv, const std::string& format, float outer_scale,
-                                   bool token_scale = false) {
+                                   bool token_scale = false, const std::string& nvfp4_scales = "rn") {
   const TensorView t = view_of(kv, "kv_cache");
   const KvFormat f = format_of(format);
   if (t.dtype != DType::kU8 || t.ndim != 3) {
@@ -206,6 +212,7 @@ CacheLayer cache_layer_from_tensor(nb::handle obj, const AnyMutArray& kv, const 
   c.view.format = f;
   c.view.outer_scale = outer_scale;
   c.view.token_scale = token_scale;
+  c.view.nvfp4_scales = nvfp4_mode_of(nvfp4_scales);
   c.view.device = t.device;
   check(check_cache_view(c.view, "kv_cache"));
   c.owner = nb::borrow(obj);
@@ -215,7 +222,8 @@ CacheLayer cache_layer_from_tensor(nb::handle obj, const AnyMutArray& kv, const 
 class PagedCache {
  public:
   PagedCache(int64_t num_blocks, int block_size, int num_layers, std::vector<std::string> formats,
-             std::vector<double> outer_scales, const std::string& fp8_scales, bool token_scale) {
+             std::vector<double> outer_scales, const std::string& fp8_scales, bool token_scale,
+             const std::string& nvfp4_scales) {
     KvCache::Config cfg;
     cfg.num_blocks = num_blocks;
     cfg.block_size = block_size;
@@ -236,6 +244,7 @@ class PagedCache {
       lf.format = format_of(formats[formats.size() == 1 ? 0 : static_cast<size_t>(l)]);
       if (!outer_scales.empty()) lf.outer_scale = static_cast<float>(outer_scales[static_cast<size_t>(l)]);
       lf.token_scale = token_scale;
+      lf.nvfp4_scales = nvfp4_mode_of(nvfp4_scales);
       cfg.layers.push_back(lf);
     }
     cache_ = value(PagedKvCache::create_cpu(cfg));
@@ -404,9 +413,11 @@ nb::object merge_states(const AnyArray& o_parts, const AnyArray& lse_parts, std:
 // ---- codecs -----------------------------------------------------------------------------------------
 
 nb::object encode(const AnyArray& latent, const AnyArray& rope, const std::string& format, float outer_scale,
-                  const std::string& fp8_scales, std::optional<AnyMutArray> out, bool token_scale) {
+                  const std::string& fp8_scales, std::optional<AnyMutArray> out, bool token_scale,
+                  const std::string& nvfp4_scales) {
   CodecParams p{format_of(format), outer_scale, fp8_mode_of(fp8_scales)};
   p.token_scale = token_scale;
+  p.nvfp4_scales = nvfp4_mode_of(nvfp4_scales);
   const TensorView lv = view_of(latent, "latent"), rv = view_of(rope, "rope");
   require_cpu(lv, "latent");
   require_cpu(rv, "rope");
@@ -487,9 +498,9 @@ Nvfp4ScaleCheck write_cache_cuda_checked(const CacheLayerView& v, const TensorVi
 
 void write_cache(const AnyMutArray& kv_cache, const AnyArray& slot_mapping, const AnyArray& latent,
                  const AnyArray& rope, const std::string& format, float outer_scale, const std::string& fp8_scales,
-                 uintptr_t stream, bool token_scale, std::optional<bool> check_scales) {
+                 uintptr_t stream, bool token_scale, std::optional<bool> check_scales, const std::string& nvfp4_scales) {
   nb::object holder = nb::cast(kv_cache);
-  CacheLayer layer = cache_layer_from_tensor(holder, kv_cache, format, outer_scale, token_scale);
+  CacheLayer layer = cache_layer_from_tensor(holder, kv_cache, format, outer_scale, token_scale, nvfp4_scales);
   const TensorView s = view_of(slot_mapping, "slot_mapping"), l = view_of(latent, "latent"), r = view_of(rope, "rope");
   const Fp8ScaleMode mode = fp8_mode_of(fp8_scales);
   const CacheLayerView& v = layer.view;
@@ -572,7 +583,8 @@ class Calibrator {
 };
 
 // The mlakv recipe's latent transform (include/mlakv/latent_transform.h): a loaded
-// mlakv_latent_transform_v1 file, applied to a writer's latents and folded into weights.
+// mlakv_latent_transform_v2 (or v1) file, applied to a writer's latents and folded into weights;
+// nvfp4_scales says how the nvfp4 writers encode its records (PagedCache(nvfp4_scales=...)).
 class PyLatentTransform {
  public:
   explicit PyLatentTransform(LatentTransform t) : t_(std::move(t)), k_(value(make_latent_transform_kernels(t_))) {}
@@ -583,6 +595,7 @@ class PyLatentTransform {
     return s;
   }
   std::string importance() const { return t_.importance; }
+  std::string nvfp4_scales() const { return std::string(nvfp4_scale_mode_name(t_.nvfp4_scales)); }
   std::string to_json() const { return value(latent_transform_to_json(t_)); }
   void save(const std::string& path) const { check(write_latent_transform(path, t_)); }
 
@@ -793,7 +806,8 @@ class PyModel {
 
   nb::dict eval(nb::handle input, int64_t context, int64_t windows, std::vector<std::string> formats,
                 nb::handle scales, const std::string& recipe, const std::string& importance, int seed_candidates,
-                int64_t calib_windows, int needle, int block_size, std::optional<nb::callable> progress) {
+                int64_t calib_windows, int needle, int block_size, std::optional<nb::callable> progress,
+                const std::string& nvfp4_scales) {
     const std::vector<int32_t> ids = tokens_of(input, "input", false);
     EvalRequest req;
     for (const std::string& f : formats) {
@@ -825,6 +839,7 @@ class PyModel {
     req.importance = imp.importance;
     req.importance_weights = std::move(imp.weights);
     req.seed_candidates = seed_candidates;
+    req.nvfp4_scales = nvfp4_mode_of(nvfp4_scales);
     req.context = context;
     req.windows = windows;
     req.calib_windows = calib_windows;
@@ -1195,12 +1210,12 @@ NB_MODULE(_core, m) {
   m.def("record_bytes", [](const std::string& format) { return record_bytes(format_of(format)); }, "format"_a);
 
   m.def("encode", &encode, "latent"_a, "rope"_a, "format"_a, nb::kw_only(), "outer_scale"_a = 1.0f,
-        "fp8_scales"_a = "pow2", "out"_a = nb::none(), "token_scale"_a = false);
+        "fp8_scales"_a = "pow2", "out"_a = nb::none(), "token_scale"_a = false, "nvfp4_scales"_a = "rn");
   m.def("decode", &decode, "records"_a, "format"_a, nb::kw_only(), "outer_scale"_a = 1.0f,
         "latent_dim"_a = kLatentDim, "rope_dim"_a = kRopeDim, "token_scale"_a = false);
   m.def("write_cache", &write_cache, "kv_cache"_a, "slot_mapping"_a, "latent"_a, "rope"_a, nb::kw_only(),
         "format"_a, "outer_scale"_a = 1.0f, "fp8_scales"_a = "pow2", "stream"_a = 0, "token_scale"_a = false,
-        "check_scales"_a = nb::none());
+        "check_scales"_a = nb::none(), "nvfp4_scales"_a = "rn");
 
   nb::class_<CacheLayer>(m, "CacheLayer")
       .def_prop_ro("num_blocks", [](const CacheLayer& c) { return c.view.num_blocks; })
@@ -1209,21 +1224,24 @@ NB_MODULE(_core, m) {
       .def_prop_ro("format", [](const CacheLayer& c) { return std::string(format_name(c.view.format)); })
       .def_prop_ro("outer_scale", [](const CacheLayer& c) { return c.view.outer_scale; })
       .def_prop_ro("token_scale", [](const CacheLayer& c) { return c.view.token_scale; })
+      .def_prop_ro("nvfp4_scales", [](const CacheLayer& c) { return std::string(nvfp4_scale_mode_name(c.view.nvfp4_scales)); })
       .def_prop_ro("device", [](const CacheLayer& c) { return device_name(c.view.device); })
       .def("tensor", [](const CacheLayer& c) {
         const size_t shape[3] = {static_cast<size_t>(c.view.num_blocks), static_cast<size_t>(c.view.block_size),
                                  static_cast<size_t>(c.view.record_bytes)};
         return nb::ndarray<nb::numpy, uint8_t>(c.view.data, 3, shape, c.owner);
       }, "The layer's bytes as a [num_blocks, block_size, record_bytes] uint8 array (a view, no copy).");
-  m.def("cache_layer", [](nb::handle kv, const std::string& format, float outer_scale, bool token_scale) {
-    return cache_layer_from_tensor(kv, nb::cast<AnyMutArray>(kv), format, outer_scale, token_scale);
-  }, "kv_cache"_a, "format"_a, nb::kw_only(), "outer_scale"_a = 1.0f, "token_scale"_a = false);
+  m.def("cache_layer", [](nb::handle kv, const std::string& format, float outer_scale, bool token_scale,
+                          const std::string& nvfp4_scales) {
+    return cache_layer_from_tensor(kv, nb::cast<AnyMutArray>(kv), format, outer_scale, token_scale, nvfp4_scales);
+  }, "kv_cache"_a, "format"_a, nb::kw_only(), "outer_scale"_a = 1.0f, "token_scale"_a = false, "nvfp4_scales"_a = "rn");
 
   nb::class_<PagedCache>(m, "PagedCache")
-      .def(nb::init<int64_t, int, int, std::vector<std::string>, std::vector<double>, const std::string&, bool>(),
+      .def(nb::init<int64_t, int, int, std::vector<std::string>, std::vector<double>, const std::string&, bool,
+                    const std::string&>(),
            "num_blocks"_a, nb::kw_only(), "block_size"_a = kDefaultBlockSize, "num_layers"_a = 1,
            "formats"_a = std::vector<std::string>{"bf16"}, "outer_scales"_a = std::vector<double>{},
-           "fp8_scales"_a = "pow2", "token_scale"_a = false)
+           "fp8_scales"_a = "pow2", "token_scale"_a = false, "nvfp4_scales"_a = "rn")
       .def("add_sequence", &PagedCache::add_sequence)
       .def("append", &PagedCache::append, "seq"_a, "n"_a)
       .def("fork", &PagedCache::fork, "seq"_a)
@@ -1309,6 +1327,7 @@ NB_MODULE(_core, m) {
       .def_prop_ro("num_layers", &PyLatentTransform::num_layers)
       .def_prop_ro("outer_scales", &PyLatentTransform::outer_scales)
       .def_prop_ro("importance", &PyLatentTransform::importance)
+      .def_prop_ro("nvfp4_scales", &PyLatentTransform::nvfp4_scales)
       .def("layer", &PyLatentTransform::layer, "layer"_a)
       .def("apply", &PyLatentTransform::apply, "layer"_a, "latent"_a, "rope"_a,
            "(c', k') as the writer stores them: c' = H D (c - mu), k' = H_r k_pe")
@@ -1372,7 +1391,8 @@ NB_MODULE(_core, m) {
                                                   "nvfp4_ds_mla_int8rope"},
            "scales"_a = nb::none(), "recipe"_a = "",
            "importance"_a = std::string(latent_importance_name(LatentTransformRecipe{}.importance)),
-           "seed_candidates"_a = LatentTransformRecipe{}.seed_candidates, "calib_windows"_a = 4, "needle"_a = 0, "block_size"_a = kDefaultBlockSize, "progress"_a = nb::none())
+           "seed_candidates"_a = LatentTransformRecipe{}.seed_candidates, "calib_windows"_a = 4, "needle"_a = 0, "block_size"_a = kDefaultBlockSize, "progress"_a = nb::none(),
+           "nvfp4_scales"_a = std::string(nvfp4_scale_mode_name(LatentTransformRecipe{}.nvfp4_scales)))
       .def("generate", &PyModel::generate, "prompt"_a, nb::kw_only(), "format"_a = "bf16", "max_tokens"_a = 64,
            "scales"_a = nb::none(), "stop_at_eos"_a = true, "block_size"_a = kDefaultBlockSize)
       .def("calibrate", &PyModel::calibrate, "input"_a, nb::kw_only(), "context"_a = 2048, "windows"_a = 8,

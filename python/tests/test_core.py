@@ -486,3 +486,46 @@ def test_the_stub_matches_the_module():
             cls = getattr(mlakv._core, name)
             have = {n for n in dir(cls) if not n.startswith("_")}
             assert have == members, (name, have ^ members)
+
+
+def test_nvfp4_scale_search(rng):
+    # The writer option: records decode as any others; each group's squared error at most RN's;
+    # PagedCache and write_cache give encode's bytes; the per-token mode and non-nvfp4 formats
+    # refuse it; a v1 transform file means "rn", a v2 file says its mode.
+    lat, rope = latents(rng, 40)
+    lat = lat * np.float32(3.0)
+    for fmt in ("nvfp4_ds_mla", "nvfp4_ds_mla_fp8rope", "nvfp4_ds_mla_int8rope"):
+        rn = mlakv.encode(lat, rope, fmt, outer_scale=0.01)
+        se = mlakv.encode(lat, rope, fmt, outer_scale=0.01, nvfp4_scales="search")
+        assert not np.array_equal(rn, se)
+        np.testing.assert_array_equal(rn[:, 288:], se[:, 288:])  # rope and pad: untouched
+        l_rn, _ = mlakv.decode(rn, fmt, outer_scale=0.01)
+        l_se, _ = mlakv.decode(se, fmt, outer_scale=0.01)
+        e_rn = ((l_rn.astype(np.float64) - lat) ** 2).reshape(40, 32, 16).sum(-1)
+        e_se = ((l_se.astype(np.float64) - lat) ** 2).reshape(40, 32, 16).sum(-1)
+        assert np.all(e_se <= e_rn * (1 + 1e-4) + 1e-30)
+        assert e_se.sum() < 0.97 * e_rn.sum()
+        cache = mlakv.PagedCache(num_blocks=1, block_size=64, formats=[fmt], outer_scales=[0.01],
+                                 nvfp4_scales="search")
+        seq = cache.add_sequence()
+        slots = cache.append(seq, 40)
+        cache.write(0, slots, lat, rope)
+        assert cache.layer(0).nvfp4_scales == "search"
+        np.testing.assert_array_equal(cache.layer(0).tensor()[0, :40], se)
+        kv = np.zeros((1, 64, mlakv.record_bytes(fmt)), np.uint8)
+        mlakv.write_cache(kv, np.arange(40, dtype=np.int64), lat, rope, format=fmt, outer_scale=0.01,
+                          nvfp4_scales="search")
+        np.testing.assert_array_equal(kv[0, :40], se)
+    with pytest.raises(ValueError, match="per-token scale mode"):
+        mlakv.encode(lat, rope, "nvfp4_ds_mla", token_scale=True, nvfp4_scales="search")
+    with pytest.raises(ValueError, match="encoder option of the nvfp4 formats"):
+        mlakv.encode(lat, rope, "fp8_ds_mla", nvfp4_scales="search")
+    with pytest.raises(ValueError, match="nvfp4_scales"):
+        mlakv.encode(lat, rope, "nvfp4_ds_mla", nvfp4_scales="nearest")
+    f = _transform_file(rng)
+    assert mlakv.parse_latent_transform(json.dumps(f)).nvfp4_scales == "rn"  # v1
+    f["format"] = "mlakv_latent_transform_v2"
+    f["nvfp4_scales"] = "search"
+    t = mlakv.parse_latent_transform(json.dumps(f))
+    assert t.nvfp4_scales == "search"
+    assert json.loads(t.to_json())["nvfp4_scales"] == "search"

@@ -30,6 +30,7 @@ Status check_cache_view(const CacheLayerView& c, std::string_view name) {
     return invalid_argument(fmt::format("{}: outer_scale must be finite and > 0, got {}", name, c.outer_scale));
   }
   MLAKV_RETURN_IF_ERROR(check_token_scale(c.format, c.token_scale, c.outer_scale, name));
+  MLAKV_RETURN_IF_ERROR(check_nvfp4_scales(c.format, c.nvfp4_scales, c.token_scale, name));
   if (c.format == KvFormat::kF32 && c.device.type == DeviceType::kCuda) {
     return unimplemented(fmt::format("{}: format f32 is a CPU parity-check format; the CUDA backend has no f32 "
                                      "kernels (use bf16 on the GPU)",
@@ -50,7 +51,8 @@ StatusOr<std::unique_ptr<KvCache>> KvCache::create_cpu(const Config& config) {
   c->config_ = config;
   for (int l = 0; l < config.num_layers; ++l) {
     const LayerFormat lf = config.layers.size() == 1 ? config.layers[0] : config.layers[static_cast<std::size_t>(l)];
-    CodecParams p{lf.format, lf.outer_scale, config.fp8_scales, config.latent_dim, config.rope_dim, lf.token_scale};
+    CodecParams p{lf.format, lf.outer_scale, config.fp8_scales, config.latent_dim, config.rope_dim, lf.token_scale,
+                  lf.nvfp4_scales};
     auto rb = codec_record_bytes(p);
     if (!rb.ok()) return rb.status().with_context(fmt::format("layer {}", l));
     const double bytes = static_cast<double>(config.num_blocks) * config.block_size * *rb;
@@ -81,6 +83,7 @@ StatusOr<CacheLayerView> KvCache::layer(int l) const {
   v.format = layers_[static_cast<std::size_t>(l)].format;
   v.outer_scale = layers_[static_cast<std::size_t>(l)].outer_scale;
   v.token_scale = layers_[static_cast<std::size_t>(l)].token_scale;
+  v.nvfp4_scales = layers_[static_cast<std::size_t>(l)].nvfp4_scales;
   v.device = Device::cpu();
   v.latent_dim = config_.latent_dim;
   v.rope_dim = config_.rope_dim;
@@ -117,7 +120,7 @@ Status write_cache_layer(const CacheLayerView& v, const TensorView& slots, const
   // Encode into a staging buffer through the checked codec (shape/dtype/finiteness
   // checks happen there), then scatter: a failure leaves the cache untouched.
   std::vector<uint8_t> staged(static_cast<std::size_t>(n) * static_cast<std::size_t>(v.record_bytes));
-  CodecParams p{v.format, v.outer_scale, fp8_scales, v.latent_dim, v.rope_dim, v.token_scale};
+  CodecParams p{v.format, v.outer_scale, fp8_scales, v.latent_dim, v.rope_dim, v.token_scale, v.nvfp4_scales};
   MLAKV_RETURN_IF_ERROR(
       encode_records(p, latent, rope, TensorView::contiguous(staged.data(), DType::kU8, {n, v.record_bytes})));
   for (int64_t i = 0; i < n; ++i) {

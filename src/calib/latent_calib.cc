@@ -120,21 +120,36 @@ StatusOr<LatentTransform> parse(std::string_view text, std::string_view source) 
   po.duplicate_key = &dup;
   MLAKV_ASSIGN_OR_RETURN(json j, json_util::parse(text, source, po));
   if (!dup.empty()) return invalid_argument(fmt::format("{}: key '{}' appears twice", source, dup));
-  static const char* kTop[] = {"format",     "num_layers", "latent_dim", "rope_dim",
-                               "denominator", "importance", "seed_search", "layers"};
+  if (!j.is_object()) return invalid_argument(fmt::format("{}: the file must hold one JSON object", source));
+  // The version first: v2 has "nvfp4_scales" (required), v1 has not (and reads as "rn").
+  if (!j.contains("format")) return invalid_argument(fmt::format("{}: required field 'format' is missing", source));
+  const json& fmt_v = j.at("format");
+  const bool v2 = fmt_v.is_string() && fmt_v.get<std::string>() == kLatentTransformFileFormat;
+  const bool v1 = fmt_v.is_string() && fmt_v.get<std::string>() == kLatentTransformFileFormatV1;
+  if (!v1 && !v2)
+    return field_error(source, "field 'format'",
+                       fmt::format("\"{}\" (or \"{}\")", kLatentTransformFileFormat, kLatentTransformFileFormatV1),
+                       fmt_v);
+  static const char* kTop[] = {"format",     "num_layers", "latent_dim",  "rope_dim",    "denominator",
+                               "importance", "seed_search", "nvfp4_scales", "layers"};
   for (auto it = j.begin(); it != j.end(); ++it) {
-    if (std::find_if(std::begin(kTop), std::end(kTop), [&](const char* k) { return it.key() == k; }) == std::end(kTop))
+    const bool known =
+        std::find_if(std::begin(kTop), std::end(kTop), [&](const char* k) { return it.key() == k; }) != std::end(kTop) &&
+        (v2 || it.key() != "nvfp4_scales");
+    if (!known)
       return invalid_argument(fmt::format("{}: unknown key {} (a {} file has {})", source,
-                                          json_util::shown(json(it.key())), kLatentTransformFileFormat,
-                                          "format, num_layers, latent_dim, rope_dim, denominator, importance, "
-                                          "seed_search, layers"));
+                                          json_util::shown(json(it.key())), fmt_v.get<std::string>(),
+                                          v2 ? "format, num_layers, latent_dim, rope_dim, denominator, importance, "
+                                               "seed_search, nvfp4_scales, layers"
+                                             : "format, num_layers, latent_dim, rope_dim, denominator, importance, "
+                                               "seed_search, layers; nvfp4_scales came with version 2"));
   }
   for (const char* k : kTop) {
-    if (std::string_view(k) != "importance" && std::string_view(k) != "seed_search" && !j.contains(k))
+    const std::string_view key(k);
+    const bool optional = key == "importance" || key == "seed_search" || (key == "nvfp4_scales" && !v2);
+    if (!optional && !j.contains(k))
       return invalid_argument(fmt::format("{}: required field '{}' is missing", source, k));
   }
-  if (!j.at("format").is_string() || j.at("format").get<std::string>() != kLatentTransformFileFormat)
-    return field_error(source, "field 'format'", fmt::format("\"{}\"", kLatentTransformFileFormat), j.at("format"));
   const json& nl = j.at("num_layers");
   if (!nl.is_number_integer() || nl.get<int64_t>() < 1 || nl.get<int64_t>() > kMaxLayers)
     return field_error(source, "field 'num_layers'", fmt::format("an integer in [1, {}]", kMaxLayers), nl);
@@ -156,6 +171,13 @@ StatusOr<LatentTransform> parse(std::string_view text, std::string_view source) 
   if (j.contains("seed_search")) {
     MLAKV_ASSIGN_OR_RETURN(LatentSeedSearch ss, read_seed_search(j.at("seed_search"), source));
     t.seed_search = std::move(ss);
+  }
+  if (v2) {
+    const json& v = j.at("nvfp4_scales");
+    StatusOr<Nvfp4ScaleMode> m =
+        v.is_string() ? parse_nvfp4_scale_mode(v.get<std::string>()) : StatusOr<Nvfp4ScaleMode>(invalid_argument(""));
+    if (!m.ok()) return field_error(source, "field 'nvfp4_scales'", "\"rn\" or \"search\"", v);
+    t.nvfp4_scales = *m;
   }
   const json& layers = j.at("layers");
   if (!layers.is_array() || static_cast<int>(layers.size()) != n)
@@ -217,6 +239,7 @@ StatusOr<std::string> latent_transform_to_json(const LatentTransform& t, std::sp
   j["rope_dim"] = kRopeDim;
   j["denominator"] = layout::kOuterScaleDenominator;
   if (!t.importance.empty()) j["importance"] = t.importance;
+  j["nvfp4_scales"] = std::string(nvfp4_scale_mode_name(t.nvfp4_scales));
   if (t.seed_search) {
     const LatentSeedSearch& s = *t.seed_search;
     json c = json::array();
@@ -267,9 +290,10 @@ StatusOr<ScaleFile> parse_scale_file(std::string_view json_text, std::string_vie
     MLAKV_ASSIGN_OR_RETURN(json j, json_util::parse(json_text, source));
     if (!j.contains("format")) return invalid_argument(fmt::format("{}: required field 'format' is missing", source));
     if (j.at("format").is_string()) kind = j.at("format").get<std::string>();
-    if (kind != kOuterScaleFileFormat && kind != kLatentTransformFileFormat)
-      return invalid_argument(fmt::format("{}: field 'format' must be \"{}\" or \"{}\", got {}", source,
-                                          kOuterScaleFileFormat, kLatentTransformFileFormat, shown(j.at("format"))));
+    if (kind != kOuterScaleFileFormat && kind != kLatentTransformFileFormat && kind != kLatentTransformFileFormatV1)
+      return invalid_argument(fmt::format("{}: field 'format' must be \"{}\", \"{}\" or \"{}\", got {}", source,
+                                          kOuterScaleFileFormat, kLatentTransformFileFormat,
+                                          kLatentTransformFileFormatV1, shown(j.at("format"))));
   } catch (const std::exception& e) {
     return internal_error(fmt::format("{}: reading the scale file failed: {}", source, e.what()));
   }
@@ -485,6 +509,7 @@ StatusOr<LatentTransform> LatentTransformCalibrator::finish(const LatentTransfor
     return invalid_argument(fmt::format("latent transform calibration: seed {} must leave room below 2^53", r.seed));
   LatentTransform t;
   t.importance = std::string(latent_importance_name(r.importance));
+  t.nvfp4_scales = r.nvfp4_scales;
   for (std::size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];
     if (L.tokens == 0)

@@ -27,6 +27,7 @@ struct CalibrateArgs {
   uint64_t seed = LatentTransformRecipe{}.seed;
   int seed_candidates = LatentTransformRecipe{}.seed_candidates;
   std::string select_format = std::string(format_name(LatentTransformRecipe{}.select_format));
+  std::string nvfp4_scales;  // "" = the recipe's default (search); mlakv recipe only
   int64_t context = 2048, windows = 8;
   int num_layers = 0, threads = 0;
   bool json = false;
@@ -97,6 +98,9 @@ Status run_calibrate_mlakv(const CalibrateArgs& a) {
                                         a.select_format));
   }
   r.select_format = *sel;
+  if (!a.nvfp4_scales.empty()) {
+    MLAKV_ASSIGN_OR_RETURN(r.nvfp4_scales, parse_nvfp4_scale_mode(a.nvfp4_scales, "--nvfp4-scales"));
+  }
   if (a.seed_candidates < 1 || a.seed_candidates > 64) {
     return invalid_argument(fmt::format("--seed-candidates must be in [1, 64], got {}", a.seed_candidates));
   }
@@ -127,7 +131,9 @@ Status run_calibrate_mlakv(const CalibrateArgs& a) {
       search = {{"format", ss->format}, {"candidates", cand}, {"chosen", ss->chosen}};
     }
     print_json({{"out", a.out}, {"format", std::string(kLatentTransformFileFormat)}, {"num_layers", n},
-                {"importance", c.transform.importance}, {"seed_search", search}, {"layers", layers}});
+                {"importance", c.transform.importance},
+                {"nvfp4_scales", std::string(nvfp4_scale_mode_name(c.transform.nvfp4_scales))},
+                {"seed_search", search}, {"layers", layers}});
     return Status::Ok();
   }
   if (const auto& ss = c.transform.seed_search) {
@@ -143,9 +149,9 @@ Status run_calibrate_mlakv(const CalibrateArgs& a) {
     fmt::print("{:>6}{:>14.6g}{:>14.6g}{:>10.3g}{:>10.3g}\n", l, c.max_abs[static_cast<std::size_t>(l)], L.outer_scale,
                *dmin, *dmax);
   }
-  fmt::print("wrote {} ({}, {} layers, importance {}, rotation {}, RoPE rotation {})\n", a.out,
+  fmt::print("wrote {} ({}, {} layers, importance {}, rotation {}, RoPE rotation {}, nvfp4 scales {})\n", a.out,
              kLatentTransformFileFormat, n, c.transform.importance, r.rotate ? "on" : "off",
-             r.rope_rotate ? "on" : "off");
+             r.rope_rotate ? "on" : "off", nvfp4_scale_mode_name(c.transform.nvfp4_scales));
   return Status::Ok();
 }
 
@@ -153,6 +159,10 @@ Status run_calibrate(const CalibrateArgs& a) {
   if (a.num_layers < 0) return invalid_argument(fmt::format("--num-layers must be >= 0, got {}", a.num_layers));
   if (a.recipe == "mlakv") return run_calibrate_mlakv(a);
   if (a.recipe != "fork") return invalid_argument(fmt::format("--recipe must be fork or mlakv, got '{}'", a.recipe));
+  if (!a.nvfp4_scales.empty()) {
+    return invalid_argument("--nvfp4-scales is an option of --recipe mlakv: the fork's nvfp4_ds_mla_outer_scale_v1 "
+                            "file records no encoder option (its records round each group scale to nearest)");
+  }
   if (a.activations.empty() && a.model.empty()) {
     return invalid_argument("give captured activations (--activations FILE...) or a model and text (--model DIR --text FILE)");
   }
@@ -233,7 +243,7 @@ void add_calibrate_command(Cli& cli) {
   cmd->add_option("--threads", a->threads, "CPU threads (with --model; 0 = all cores)")->capture_default_str();
   cmd->add_option("--plot", a->plot, "write an SVG of the per-layer profile");
   cmd->add_option("--out", a->out,
-                  "Scale file to write (fork: nvfp4_ds_mla_outer_scale_v1; mlakv: mlakv_latent_transform_v1)")
+                  "Scale file to write (fork: nvfp4_ds_mla_outer_scale_v1; mlakv: mlakv_latent_transform_v2)")
       ->required();
   cmd->add_option("--recipe", a->recipe,
                   "fork: per-layer outer scales s_l = max|latent| / 2688; mlakv: the calibrated latent transform "
@@ -258,6 +268,10 @@ void add_calibrate_command(Cli& cli) {
       ->capture_default_str();
   cmd->add_option("--select-format", a->select_format, "mlakv recipe: the record format the seed is selected in")
       ->capture_default_str();
+  cmd->add_option("--nvfp4-scales", a->nvfp4_scales,
+                  "mlakv recipe: how the nvfp4 writers choose each 16-dim group's scale, recorded in the file and in "
+                  "effect during the seed selection: search (default: RN-1, RN or RN+1 by the group's squared error) "
+                  "or rn (round to nearest, the fork's encoder)");
   cmd->add_option("--num-layers", a->num_layers, "Layers the file covers (0 = one past the highest captured)")
       ->capture_default_str();
   cmd->add_flag("--json", a->json, "Print JSON");

@@ -22,6 +22,7 @@ struct CodecArgs {
   std::optional<float> outer_scale;
   std::optional<std::string> fp8_scales;
   bool token_scale = false;  // nvfp4 per-token scale mode
+  std::string nvfp4_scales = "rn";  // encode / stats: the nvfp4 group-scale choice
   std::string in, out;
   std::string in_dtype = "f32";  // raw input files
   std::string tensor;            // safetensors input
@@ -49,7 +50,9 @@ StatusOr<CodecParams> to_params(const std::string& format, const CodecArgs& a) {
     }
   }
   p.token_scale = a.token_scale;
-  MLAKV_RETURN_IF_ERROR(codec_record_bytes(p).status().with_context("--format/--outer-scale/--token-scale"));
+  MLAKV_ASSIGN_OR_RETURN(p.nvfp4_scales, parse_nvfp4_scale_mode(a.nvfp4_scales, "--nvfp4-scales"));
+  MLAKV_RETURN_IF_ERROR(
+      codec_record_bytes(p).status().with_context("--format/--outer-scale/--token-scale/--nvfp4-scales"));
   return p;
 }
 
@@ -255,11 +258,14 @@ Status run_encode(const CodecArgs& a) {
   MLAKV_RETURN_IF_ERROR(io::write_file(a.out, out.data(), out.size()));
   const int rb = record_bytes(p.format);
   if (a.json) {
-    print_json({{"format", a.format}, {"outer_scale", p.outer_scale}, {"token_scale", p.token_scale}, {"tokens", n},
+    print_json({{"format", a.format}, {"outer_scale", p.outer_scale}, {"token_scale", p.token_scale},
+                {"nvfp4_scales", std::string(nvfp4_scale_mode_name(p.nvfp4_scales))}, {"tokens", n},
                 {"record_bytes", rb}, {"in_bytes", rows.size() * sizeof(float)}, {"out_bytes", out.size()}, {"raw", a.raw}, {"out", a.out}});
   } else {
-    fmt::print("encoded {} tokens -> {} B {}{} ({} B per record{})\n", n, out.size(), a.format,
-               p.token_scale ? " (token-scale mode)" : "", rb, a.raw ? ", raw: no header" : ", 64 B header");
+    fmt::print("encoded {} tokens -> {} B {}{}{} ({} B per record{})\n", n, out.size(), a.format,
+               p.token_scale ? " (token-scale mode)" : "",
+               p.nvfp4_scales == Nvfp4ScaleMode::kSearch ? " (nvfp4 scale search)" : "", rb,
+               a.raw ? ", raw: no header" : ", 64 B header");
   }
   return Status::Ok();
 }
@@ -436,7 +442,7 @@ Status run_stats(const CodecArgs& a) {
       // --outer-scale / --fp8-scales apply to the formats that have them.
       const KvFormat f = *parse_format(name);
       if (!format_info(f).has_outer_scale) fa.outer_scale.reset();
-      if (!is_nvfp4_format(f)) fa.token_scale = false;
+      if (!is_nvfp4_format(f)) fa.token_scale = false, fa.nvfp4_scales = "rn";
       if (f != KvFormat::kFp8DsMla) fa.fp8_scales.reset();
     }
     MLAKV_ASSIGN_OR_RETURN(CodecParams p, to_params(name, fa));
@@ -492,6 +498,13 @@ void add_input(CLI::App* c, CodecArgs& a) {
   c->add_option("--tensor", a.tensor, "The .safetensors tensor holding the rows (default: its only tensor)");
 }
 
+void add_encoder_params(CLI::App* c, CodecArgs& a) {
+  c->add_option("--nvfp4-scales", a.nvfp4_scales,
+                "nvfp4 formats: group scales rounded to nearest (rn, the fork's encoder) or each chosen among RN-1, "
+                "RN, RN+1 by the group's squared error (search; not with --token-scale; docs/formats.md)")
+      ->capture_default_str();
+}
+
 void add_params(CLI::App* c, CodecArgs& a) {
   c->add_option("--outer-scale", a.outer_scale, "Layer outer scale s_l (nvfp4 formats; default 1)");
   c->add_option("--fp8-scales", a.fp8_scales, "fp8_ds_mla tile scales: pow2 (default) or exact");
@@ -512,6 +525,7 @@ void add_codec_command(Cli& cli) {
   auto* enc = cmd->add_subcommand("encode", "rows [n, 576] -> a record file (64 B header + n records)");
   enc->add_option("--format", enc_args->format, "Record format (see 'mlakv formats')")->required();
   add_params(enc, *enc_args);
+  add_encoder_params(enc, *enc_args);
   add_input(enc, *enc_args);
   enc->add_option("--out", enc_args->out, "Record file to write")->required();
   enc->add_flag("--raw", enc_args->raw, "Write bare records without the header");
@@ -529,6 +543,7 @@ void add_codec_command(Cli& cli) {
   auto* st = cmd->add_subcommand("stats", "Round-trip error per part (latent, rope, scales) of rows in a format");
   st->add_option("--format", stat_args->format, "Record format, or all")->required();
   add_params(st, *stat_args);
+  add_encoder_params(st, *stat_args);
   add_input(st, *stat_args);
   st->add_flag("--json", stat_args->json, "Print JSON");
 

@@ -31,6 +31,7 @@ struct EvalArgs {
   std::string recipe;  // fork | mlakv | both; empty: fork (the files' own kinds with --scales FILE)
   std::string importance = std::string(latent_importance_name(LatentTransformRecipe{}.importance));
   int seed_candidates = LatentTransformRecipe{}.seed_candidates;
+  std::string nvfp4_scales = std::string(nvfp4_scale_mode_name(LatentTransformRecipe{}.nvfp4_scales));
   int64_t context = 2048, windows = 32, calib_windows = 4;
   int needle = 0, threads = 0, block_size = kDefaultBlockSize;
   bool json = false;
@@ -82,6 +83,7 @@ Status run_eval(const EvalArgs& a) {
   if (a.seed_candidates < 1 || a.seed_candidates > 64)
     return invalid_argument(fmt::format("--seed-candidates must be in [1, 64], got {}", a.seed_candidates));
   req.seed_candidates = a.seed_candidates;
+  MLAKV_ASSIGN_OR_RETURN(req.nvfp4_scales, parse_nvfp4_scale_mode(a.nvfp4_scales, "--nvfp4-scales"));
   req.context = a.context;
   req.windows = a.windows;
   req.calib_windows = a.calib_windows;
@@ -272,7 +274,7 @@ void add_eval_command(Cli& cli) {
       ->capture_default_str();
   cmd->add_option("--scales", a->scales,
                   "calibration (repeatable): a file (nvfp4_ds_mla_outer_scale_v1: the fork's outer scales; "
-                  "mlakv_latent_transform_v1: the mlakv recipe; told apart by its \"format\" key), or 'auto' to "
+                  "mlakv_latent_transform_v2 or _v1: the mlakv recipe; told apart by its \"format\" key), or 'auto' to "
                   "calibrate the --recipe recipes on the input after the eval windows (uncalibrated rows are always "
                   "reported too)");
   cmd->add_option("--recipe", a->recipe,
@@ -284,6 +286,11 @@ void add_eval_command(Cli& cli) {
   cmd->add_option("--seed-candidates", a->seed_candidates,
                   "mlakv recipe under --scales auto: sign seeds tried on the calibration windows, the lowest-KLD one "
                   "kept (1: the default seed alone; docs/calibration.md)")
+      ->capture_default_str();
+  cmd->add_option("--nvfp4-scales", a->nvfp4_scales,
+                  "mlakv recipe under --scales auto: how the nvfp4 writers choose group scales (search: RN-1, RN or "
+                  "RN+1 by squared error; rn: round to nearest); a mlakv_latent_transform_v2 file carries its own, a "
+                  "v1 file and the fork's outer scales mean rn")
       ->capture_default_str();
   cmd->add_option("--calib-windows", a->calib_windows, "windows calibrated on with --scales auto")->capture_default_str();
   cmd->add_option("--needle", a->needle, "needle trials (docs/needle.md), greedy-decoded through every cache")

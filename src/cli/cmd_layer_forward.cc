@@ -103,6 +103,7 @@ Status run_layer_forward(const LayerForwardArgs& a) {
   }
   std::optional<OuterScales> scales;
   std::optional<LatentTransformKernel> transform;
+  Nvfp4ScaleMode nvfp4_scales = Nvfp4ScaleMode::kRn;  // the mlakv file's, on an nvfp4 format
   if (!a.scales.empty()) {
     // Either kind of file: the fork's outer scales or the mlakv recipe's latent transform.
     MLAKV_ASSIGN_OR_RETURN(ScaleFile f, load_scale_file(a.scales));
@@ -115,11 +116,13 @@ Status run_layer_forward(const LayerForwardArgs& a) {
       }
       MLAKV_ASSIGN_OR_RETURN(transform,
                              LatentTransformKernel::create(f.transform.layers[static_cast<std::size_t>(a.layer)]));
+      if (is_nvfp4_format(format)) nvfp4_scales = f.transform.nvfp4_scales;
     }
   }
   MLAKV_ASSIGN_OR_RETURN(CacheLayerFormats lf, cache_layer_formats(format, 1, nullptr));
   lf.layers[0].token_scale = token_scale;
   if (transform && format_info(format).has_outer_scale) lf.layers[0].outer_scale = transform->layer().outer_scale;
+  lf.layers[0].nvfp4_scales = nvfp4_scales;
   if (scales) {
     // The cache holds this one layer: its scale is the file's entry for --layer.
     MLAKV_ASSIGN_OR_RETURN(CacheLayerFormats all, cache_layer_formats(format, a.layer + 1, &*scales));
@@ -192,6 +195,7 @@ Status run_layer_forward(const LayerForwardArgs& a) {
                                                    {"format", std::string(format_name(format))},
                                                    {"outer_scale", fmt::format("{}", lf.layers[0].outer_scale)},
                                                    {"token_scale", token_scale ? "true" : "false"},
+                                                   {"nvfp4_scales", std::string(nvfp4_scale_mode_name(nvfp4_scales))},
                                                    {"recipe", transform ? "mlakv" : (scales ? "fork" : "none")}};
   // Both files or neither: each is written to its temporary first, and only when both
   // are complete are they renamed into place.
@@ -216,6 +220,7 @@ Status run_layer_forward(const LayerForwardArgs& a) {
                 {"format", std::string(format_name(format))},
                 {"outer_scale", lf.layers[0].outer_scale},
                 {"token_scale", token_scale},
+                {"nvfp4_scales", std::string(nvfp4_scale_mode_name(nvfp4_scales))},
                 {"recipe", transform ? "mlakv" : (scales ? "fork" : "none")},
                 {"softmax_scale", cfg.softmax_scale()},
                 {"output", a.output},
@@ -225,7 +230,9 @@ Status run_layer_forward(const LayerForwardArgs& a) {
                format_name(format),
                token_scale ? std::string("per-token scale mode")
                            : fmt::format("outer scale {}", lf.layers[0].outer_scale),
-               transform ? ", mlakv latent transform" : "", a.output);
+               transform ? fmt::format(", mlakv latent transform, nvfp4 scales {}", nvfp4_scale_mode_name(nvfp4_scales))
+                         : std::string(),
+               a.output);
     if (capture) fmt::print("captured {} [{}, {}] -> {}\n", capture_tensor_name(a.layer), T, kLatentDim, a.capture);
   }
   return Status::Ok();
@@ -250,7 +257,8 @@ void add_layer_forward_command(Cli& cli) {
       ->capture_default_str();
   cmd->add_option("--scales", a->scales,
                   "calibration file: nvfp4_ds_mla_outer_scale_v1 (the fork's outer scales, nvfp4 formats) or "
-                  "mlakv_latent_transform_v1 (the mlakv recipe: the latent written transformed, the weights folded)");
+                  "mlakv_latent_transform_v2 / v1 (the mlakv recipe: the latent written transformed, the weights folded, "
+                  "its nvfp4_scales applied on an nvfp4 --format)");
   cmd->add_option("--capture", a->capture, "Also write layers.<layer>.kv_c_normed [T, 512] f32 here");
   cmd->add_option("--chunk", a->chunk, "Tokens per call: prefill chunks, 1 = token-by-token decode (0 = all)")
       ->capture_default_str();

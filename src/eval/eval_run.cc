@@ -91,6 +91,7 @@ StatusOr<EvalReport> eval_model(Model& model, const Tokenizer* tokenizer, std::s
         r.importance = req.importance;
         r.weights = req.importance_weights;
         r.seed_candidates = req.seed_candidates;
+        r.nvfp4_scales = req.nvfp4_scales;
         auto c = calibrate_latent_transform(
             model, tokens, req.context, req.calib_windows, skip, r,
             [&](std::string_view, int64_t d, int64_t t) { progress("calibration (mlakv recipe)", d, t); });
@@ -166,6 +167,11 @@ StatusOr<EvalReport> eval_model(Model& model, const Tokenizer* tokenizer, std::s
   return rep;
 }
 
+Nvfp4ScaleMode row_nvfp4_scales(const EvalCacheSpec& spec) {
+  if (spec.transform == nullptr || !is_nvfp4_format(spec.format) || spec.token_scale) return Nvfp4ScaleMode::kRn;
+  return spec.transform->transform().nvfp4_scales;
+}
+
 std::string eval_report_json(const EvalReport& rep, std::string_view model, int64_t context, int64_t windows,
                              int indent) {
   auto num = [](double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(); };
@@ -189,6 +195,7 @@ std::string eval_report_json(const EvalReport& rep, std::string_view model, int6
                     {"recipe", r.spec.recipe},
                     {"scales", r.spec.scales_label},
                     {"token_scale", r.spec.token_scale},
+                    {"nvfp4_scales", std::string(nvfp4_scale_mode_name(row_nvfp4_scales(r.spec)))},
                     {"kld_mean", num(r.kld.kld_mean())},
                     {"kld_p99", num(r.kld.kld_p99())},
                     {"kld_max", num(r.kld.kld_max())},

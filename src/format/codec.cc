@@ -56,6 +56,40 @@ Status check_token_scale(KvFormat format, bool token_scale, float outer_scale, s
   return Status::Ok();
 }
 
+std::string_view nvfp4_scale_mode_name(Nvfp4ScaleMode m) {
+  switch (m) {
+    case Nvfp4ScaleMode::kRn: return "rn";
+    case Nvfp4ScaleMode::kSearch: return "search";
+  }
+  return "?";
+}
+
+StatusOr<Nvfp4ScaleMode> parse_nvfp4_scale_mode(std::string_view text, std::string_view what) {
+  if (text == "rn") return Nvfp4ScaleMode::kRn;
+  if (text == "search") return Nvfp4ScaleMode::kSearch;
+  return invalid_argument(fmt::format("{}: expected \"rn\" or \"search\", got \"{}\"", what, text));
+}
+
+Status check_nvfp4_scales(KvFormat format, Nvfp4ScaleMode mode, bool token_scale, std::string_view name) {
+  if (mode == Nvfp4ScaleMode::kRn) return Status::Ok();
+  if (mode != Nvfp4ScaleMode::kSearch) {
+    return invalid_argument(fmt::format("{}: unknown nvfp4 scale mode {}", name, static_cast<int>(mode)));
+  }
+  if (!is_nvfp4_format(format)) {
+    return invalid_argument(fmt::format(
+        "{}: nvfp4_scales search is an encoder option of the nvfp4 formats (nvfp4_ds_mla, nvfp4_ds_mla_fp8rope, "
+        "nvfp4_ds_mla_int8rope), not of {}",
+        name, format_name(format)));
+  }
+  if (token_scale) {
+    return invalid_argument(fmt::format(
+        "{}: nvfp4_scales search does not apply to the per-token scale mode (that mode is the fork's encoder, its "
+        "group scales stay round-to-nearest); use a static outer scale, or nvfp4_scales rn",
+        name));
+  }
+  return Status::Ok();
+}
+
 StatusOr<int> codec_record_bytes(const CodecParams& p) {
   if (static_cast<int>(p.format) >= kNumKvFormats) {
     return invalid_argument(fmt::format("format: unknown format id {}", static_cast<int>(p.format)));
@@ -78,6 +112,7 @@ StatusOr<int> codec_record_bytes(const CodecParams& p) {
                                         p.outer_scale, format_name(p.format)));
   }
   MLAKV_RETURN_IF_ERROR(check_token_scale(p.format, p.token_scale, p.outer_scale, "codec"));
+  MLAKV_RETURN_IF_ERROR(check_nvfp4_scales(p.format, p.nvfp4_scales, p.token_scale, "codec"));
   return bytes;
 }
 
@@ -102,7 +137,8 @@ Status encode_records(const CodecParams& p, const TensorView& latent, const Tens
     } else if (p.format == KvFormat::kF32) {
       codec::encode_f32_record(lat.data(), p.latent_dim, rop.data(), p.rope_dim, rec);
     } else {
-      codec::encode_record(p.format, lat.data(), rop.data(), p.outer_scale, p.fp8_scales, rec, p.token_scale);
+      codec::encode_record(p.format, lat.data(), rop.data(), p.outer_scale, p.fp8_scales, rec, p.token_scale,
+                           p.nvfp4_scales);
     }
   }
   return Status::Ok();
@@ -279,7 +315,8 @@ StatusOr<std::vector<uint8_t>> record_file_header(const CodecParams& p, int64_t 
   put_u64(h.data() + R::kTokensOffset, static_cast<uint64_t>(tokens));
   put_u32(h.data() + R::kLatentDimOffset, static_cast<uint32_t>(p.latent_dim));
   put_u32(h.data() + R::kRopeDimOffset, static_cast<uint32_t>(p.rope_dim));
-  put_u32(h.data() + R::kFlagsOffset, p.token_scale ? R::kFlagTokenScale : 0u);
+  put_u32(h.data() + R::kFlagsOffset, (p.token_scale ? R::kFlagTokenScale : 0u) |
+                                          (p.nvfp4_scales == Nvfp4ScaleMode::kSearch ? R::kFlagNvfp4ScaleSearch : 0u));
   return h;
 }
 
@@ -318,10 +355,12 @@ StatusOr<RecordFileInfo> parse_record_file(std::span<const uint8_t> file, std::s
   info.params.latent_dim = static_cast<int>(get_u32(h + R::kLatentDimOffset));
   info.params.rope_dim = static_cast<int>(get_u32(h + R::kRopeDimOffset));
   const uint32_t flags = get_u32(h + R::kFlagsOffset);
-  if ((flags & ~R::kFlagTokenScale) != 0) {
-    return data_loss(fmt::format("{}: header field 'flags' is {:#x} (known: bit 0, token-scale mode)", source, flags));
+  if ((flags & ~(R::kFlagTokenScale | R::kFlagNvfp4ScaleSearch)) != 0) {
+    return data_loss(fmt::format(
+        "{}: header field 'flags' is {:#x} (known: bit 0, token-scale mode; bit 1, nvfp4 scale search)", source, flags));
   }
   info.params.token_scale = (flags & R::kFlagTokenScale) != 0;
+  info.params.nvfp4_scales = (flags & R::kFlagNvfp4ScaleSearch) != 0 ? Nvfp4ScaleMode::kSearch : Nvfp4ScaleMode::kRn;
   StatusOr<int> rb = codec_record_bytes(info.params);
   if (!rb.ok()) return data_loss(fmt::format("{}: header: {}", source, rb.status().message()));
   const uint32_t stored_rb = get_u32(h + R::kRecordBytesOffset);

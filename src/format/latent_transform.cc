@@ -77,6 +77,9 @@ Status validate_latent_transform(const LatentTransform& t, std::string_view sour
   for (int l = 0; l < t.num_layers(); ++l)
     MLAKV_RETURN_IF_ERROR(validate_latent_transform_layer(t.layers[static_cast<std::size_t>(l)],
                                                           fmt::format("{}: layer {}", source, l)));
+  if (t.nvfp4_scales != Nvfp4ScaleMode::kRn && t.nvfp4_scales != Nvfp4ScaleMode::kSearch)
+    return invalid_argument(fmt::format("{}: field 'nvfp4_scales' holds the unknown mode {}", source,
+                                        static_cast<int>(t.nvfp4_scales)));
   if (!t.seed_search) return Status::Ok();
   const LatentSeedSearch& s = *t.seed_search;
   auto bad = [&](std::string_view what) { return invalid_argument(fmt::format("{}: seed_search: {}", source, what)); };

@@ -468,6 +468,151 @@ MLAKV_HD void nvfp4_group_codes_fast(Nvfp4Fast mode, const float* x, float s, fl
   }
 }
 
+// ---- the nvfp4 scale search (Nvfp4ScaleMode::kSearch, mlakv/codec.h) -------------------------
+// Float32 operations rounded once each and never fused into a multiply-add: on the device
+// the _rn intrinsics (which nvcc does not contract), on the host one operation per inline
+// function (GCC in ISO C++ mode, the project's, does not contract at all; clang's default
+// contracts only within one expression).
+MLAKV_HD float mul_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+MLAKV_HD float add_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+MLAKV_HD float sub_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+
+// The squared reconstruction error of one 16-dim group at group scale code c (0..0x7E),
+// from a[i] = |y_i| (y = latent / s, the quotients the record quantizes), in float32:
+//   sf  = e4m3_to_f32(c)
+//   q_i = RN(a_i / sf)                 the IEEE quotient (as the record's codes take it)
+//   m_i = e2m1_rn_satfinite(q_i)       the magnitude code the record would hold
+//   d_i = a_i - e2m1_to_f32(m_i) * sf  (the product is exact: 2 x 4 significant bits)
+//   p_i = d_i * d_i
+//   p_j = p_j + p_{j+h} for h = 8, 4, 2, 1 (every j < h), the error is p_0
+// (code 0: sf = 0, every code zero, d_i = a_i). Each step is one float32 rounding and the
+// summation order is this fixed tree, so every writer computes the same float: the SIMD
+// writer runs it one group per vector lane (every step a vertical operation), the CUDA
+// writer's lane runs this function. The 16 magnitude codes come back packed in
+// mag[2] (element i in bits [4 (i % 8), 4 (i % 8) + 3) of word i / 8, the sign bits clear).
+MLAKV_HD float nvfp4_group_sq_error(const float* a, uint32_t c, uint32_t* mag) {
+  mag[0] = mag[1] = 0;
+  const float sf = c == 0 ? 0.0f : e4m3_to_f32_fast(c);
+#if defined(__CUDA_ARCH__)
+  const float rsf = c == 0 ? 0.0f : reciprocal_rn(sf);
+#endif
+  // p_i for one element (and its magnitude code into mag).
+  auto sq = [&](int i) {
+    if (c == 0) return mul_rn(a[i], a[i]);
+#if defined(__CUDA_ARCH__)
+    // div_rn_by_e4m3 is the IEEE quotient for a >= 2^-12 and a / sf <= 2^120 (a <= 2^111
+    // with sf >= 2^-9); below 2^-12 both quotients are below 2^-3, code 0 (and d = a).
+    const float q = a[i] <= 0x1p111f ? div_rn_by_e4m3(a[i], sf, rsf) : __fdiv_rn(a[i], sf);
+    const uint32_t m = e2m1_magnitude_code_bits(q) & 7u;
+#else
+    const float q = a[i] / sf;
+    const uint32_t m = f32_to_e2m1_satfinite(q) & 7u;
+#endif
+    const float r = mul_rn(e2m1_to_f32(static_cast<uint8_t>(m)), sf);
+    const float d = sub_rn(a[i], r);
+    mag[i / 8] |= m << (4 * (i % 8));
+    return mul_rn(d, d);
+  };
+  // The tree's first level as the elements are squared (s_j = p_j + p_{j+8}: 8 partial sums
+  // live instead of 16 squares), then h = 4, 2, 1 on them: the same additions.
+  float s8[8];
+  for (int j = 0; j < 8; ++j) {
+    const float lo = sq(j);
+    s8[j] = add_rn(lo, sq(j + 8));
+  }
+  for (int h = 4; h >= 1; h /= 2) {
+    for (int j = 0; j < h; ++j) s8[j] = add_rn(s8[j], s8[j + h]);
+  }
+  return s8[0];
+}
+
+// Nvfp4ScaleMode::kSearch's scale code for a group whose round-to-nearest code is c0
+// (nvfp4_group_scale_code of its max |y|, 0..0x7E): among c0, c0 - 1 (where >= 1) and
+// c0 + 1 (where <= 0x7E, the largest finite e4m3), the one with the least
+// nvfp4_group_sq_error; ties go to c0, then to the lower code (c0 is taken first, then
+// c0 - 1, then c0 + 1, each replacing the best only when its error is strictly less). An
+// all-zero group keeps code 0. mag: the chosen code's magnitude codes (as
+// nvfp4_group_sq_error).
+MLAKV_HD uint8_t nvfp4_search_scale_code(const float* a, uint32_t c0, uint32_t* mag) {
+  uint32_t best = c0;
+  float best_err = nvfp4_group_sq_error(a, c0, mag);
+  uint32_t m[2];
+  if (c0 >= 2) {
+    const float e = nvfp4_group_sq_error(a, c0 - 1, m);
+    if (e < best_err) best_err = e, best = c0 - 1, mag[0] = m[0], mag[1] = m[1];
+  }
+  if (c0 + 1 <= 0x7Eu) {
+    const float e = nvfp4_group_sq_error(a, c0 + 1, m);
+    if (e < best_err) best_err = e, best = c0 + 1, mag[0] = m[0], mag[1] = m[1];
+  }
+  return static_cast<uint8_t>(best);
+}
+
+// One 16-dim group in Nvfp4ScaleMode::kSearch as encode_nvfp4_latent writes it, for the
+// writers: the chosen scale code (returned) and the 8 code bytes (two little-endian u32),
+// for a static divisor s > 0 (the search does not apply in token-scale mode); max_abs_x the
+// group's max |x|. y = |x| / s is the IEEE quotient on every path: the exact product by
+// RN(1/s) for a power-of-two s, div_rn_by_reciprocal where div_path allows it and |x| >=
+// 2^-100 (below a subnormal quotient only: its square is 0 and its code 0 either way), the
+// IEEE division elsewhere; then the spec's nvfp4_search_scale_code on y, and the codes of
+// the chosen scale with the signs of x (none for code 0).
+MLAKV_HD float div_ieee(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+MLAKV_HD uint8_t nvfp4_group_search_fast(const float* x, float s, float max_abs_x, uint32_t* w) {
+  // The sign bits first (e2m1_code's, bit 3 of each nibble), so x is dead during the search.
+  uint32_t signs[2];
+  for (int k = 0; k < 2; ++k) {
+    uint32_t sg = 0;
+    for (int j = 7; j >= 0; --j) sg = (sg << 4) | (f32_bits(x[8 * k + j]) >> 28);
+    signs[k] = sg & 0x88888888u;
+  }
+  const float rs = reciprocal_rn(s);
+  const DivPath path = div_path(s, max_abs_x, rs);
+  float y[16];
+  float amax_y = 0.0f;
+  for (int i = 0; i < 16; ++i) {
+    const float ax = fabs_f(x[i]);
+    if (path == DivPath::kPow2) {
+      y[i] = mul_rn(ax, rs);
+    } else if (path == DivPath::kReciprocal && ax >= 7.88860905e-31f) {  // 2^-100
+      y[i] = div_rn_by_reciprocal(ax, s, rs);
+    } else {
+      y[i] = div_ieee(ax, s);
+    }
+    amax_y = fmax_nonnan(amax_y, y[i]);
+  }
+  uint32_t mag[2];
+  const uint8_t c = nvfp4_search_scale_code(y, nvfp4_group_scale_code_fast(amax_y), mag);
+  w[0] = w[1] = 0;
+  if (c == 0) return c;  // nvfp4_quantize: zero codes, no sign
+  w[0] = mag[0] | signs[0];
+  w[1] = mag[1] | signs[1];
+  return c;
+}
+
 // ---- whole records -------------------------------------------------------------------
 // latent[kLatentDim], rope[kRopeDim] float32 in; rec[record_bytes] out (every byte
 // written, pads zero). For bf16 the geometry is (latent_dim, rope_dim).
@@ -492,7 +637,10 @@ MLAKV_HD void encode_fp8_record(const float* latent, const float* rope, Fp8Scale
 
 // Shared by the nvfp4 records: bytes [0, 288). `outer_scale` is s_l, or the token scale
 // s_t in token-scale mode, where 0 (an all-zero latent) writes zero codes and scales.
-MLAKV_HD void encode_nvfp4_latent(const float* latent, float outer_scale, uint8_t* rec) {
+// `mode`: how each group's scale code is chosen (kSearch: nvfp4_search_scale_code of the
+// group's |y|, the elements then quantized at the chosen scale as at any other).
+MLAKV_HD void encode_nvfp4_latent(const float* latent, float outer_scale, uint8_t* rec,
+                                  Nvfp4ScaleMode mode = Nvfp4ScaleMode::kRn) {
   namespace N = layout::nvfp4_ds_mla;
   if (outer_scale == 0.0f) {
     for (int i = 0; i < N::kLatentBytes; ++i) rec[N::kLatentOffset + i] = 0;
@@ -506,7 +654,13 @@ MLAKV_HD void encode_nvfp4_latent(const float* latent, float outer_scale, uint8_
       y[i] = latent[g * N::kGroupDim + i] / outer_scale;
       amax = fmax_f(amax, fabs_f(y[i]));
     }
-    const uint8_t sf_code = nvfp4_group_scale_code(amax);
+    uint8_t sf_code = nvfp4_group_scale_code(amax);
+    if (mode == Nvfp4ScaleMode::kSearch) {
+      float a[N::kGroupDim];
+      for (int i = 0; i < N::kGroupDim; ++i) a[i] = fabs_f(y[i]);
+      uint32_t mag[2];
+      sf_code = nvfp4_search_scale_code(a, sf_code, mag);
+    }
     const float sf = e4m3_to_f32(sf_code);
     for (int i = 0; i < N::kGroupDim; i += 2) {
       const uint8_t lo = nvfp4_quantize(y[i], sf), hi = nvfp4_quantize(y[i + 1], sf);
@@ -517,22 +671,25 @@ MLAKV_HD void encode_nvfp4_latent(const float* latent, float outer_scale, uint8_
 }
 
 // The latent bytes [0, 288) and, in token-scale mode, s_t at [292, 296) (the caller has
-// zeroed the pad first).
-MLAKV_HD void encode_nvfp4_latent_mode(const float* latent, float outer_scale, bool token_scale, uint8_t* rec) {
+// zeroed the pad first). The token-scale mode is the fork's encoder: its group scales are
+// always round-to-nearest (check_nvfp4_scales rejects kSearch with it before any encoder
+// runs; here it is ignored).
+MLAKV_HD void encode_nvfp4_latent_mode(const float* latent, float outer_scale, bool token_scale, uint8_t* rec,
+                                       Nvfp4ScaleMode mode = Nvfp4ScaleMode::kRn) {
   if (token_scale) {
     const float st = nvfp4_token_scale(latent);
     encode_nvfp4_latent(latent, st, rec);
     store_f32(rec + layout::nvfp4_token_scale::kOffset, st);
   } else {
-    encode_nvfp4_latent(latent, outer_scale, rec);
+    encode_nvfp4_latent(latent, outer_scale, rec, mode);
   }
 }
 
 MLAKV_HD void encode_nvfp4_record(const float* latent, const float* rope, float outer_scale, uint8_t* rec,
-                                  bool token_scale = false) {
+                                  bool token_scale = false, Nvfp4ScaleMode mode = Nvfp4ScaleMode::kRn) {
   namespace N = layout::nvfp4_ds_mla;
   for (int i = 0; i < N::kPadBytes; ++i) rec[N::kPadOffset + i] = 0;
-  encode_nvfp4_latent_mode(latent, outer_scale, token_scale, rec);
+  encode_nvfp4_latent_mode(latent, outer_scale, token_scale, rec, mode);
   for (int i = 0; i < kRopeDim; ++i) store_u16(rec + N::kRopeOffset + 2 * i, f32_to_bf16(rope[i]));
 }
 
@@ -540,11 +697,11 @@ MLAKV_HD void encode_nvfp4_record(const float* latent, const float* rope, float 
 // rs = amax / 127.
 template <KvFormat F>
 MLAKV_HD void encode_nvfp4_scaled_rope_record(const float* latent, const float* rope, float outer_scale, uint8_t* rec,
-                                              bool token_scale) {
+                                              bool token_scale, Nvfp4ScaleMode mode = Nvfp4ScaleMode::kRn) {
   static_assert(F == KvFormat::kNvfp4DsMlaFp8Rope || F == KvFormat::kNvfp4DsMlaInt8Rope);
   namespace N = layout::nvfp4_ds_mla_fp8rope;  // the int8 record's layout too
   for (int i = 0; i < N::kPadBytes; ++i) rec[N::kPadOffset + i] = 0;
-  encode_nvfp4_latent_mode(latent, outer_scale, token_scale, rec);
+  encode_nvfp4_latent_mode(latent, outer_scale, token_scale, rec, mode);
   float amax = 0.0f;
   for (int i = 0; i < kRopeDim; ++i) amax = fmax_f(amax, fabs_f(rope[i]));
   if constexpr (F == KvFormat::kNvfp4DsMlaFp8Rope) {
@@ -559,13 +716,15 @@ MLAKV_HD void encode_nvfp4_scaled_rope_record(const float* latent, const float* 
 }
 
 MLAKV_HD void encode_nvfp4_fp8rope_record(const float* latent, const float* rope, float outer_scale,
-                                          uint8_t* rec, bool token_scale = false) {
-  encode_nvfp4_scaled_rope_record<KvFormat::kNvfp4DsMlaFp8Rope>(latent, rope, outer_scale, rec, token_scale);
+                                          uint8_t* rec, bool token_scale = false,
+                                          Nvfp4ScaleMode mode = Nvfp4ScaleMode::kRn) {
+  encode_nvfp4_scaled_rope_record<KvFormat::kNvfp4DsMlaFp8Rope>(latent, rope, outer_scale, rec, token_scale, mode);
 }
 
 MLAKV_HD void encode_nvfp4_int8rope_record(const float* latent, const float* rope, float outer_scale,
-                                           uint8_t* rec, bool token_scale = false) {
-  encode_nvfp4_scaled_rope_record<KvFormat::kNvfp4DsMlaInt8Rope>(latent, rope, outer_scale, rec, token_scale);
+                                           uint8_t* rec, bool token_scale = false,
+                                           Nvfp4ScaleMode mode = Nvfp4ScaleMode::kRn) {
+  encode_nvfp4_scaled_rope_record<KvFormat::kNvfp4DsMlaInt8Rope>(latent, rope, outer_scale, rec, token_scale, mode);
 }
 
 MLAKV_HD void encode_f32_record(const float* latent, int latent_dim, const float* rope, int rope_dim, uint8_t* rec) {
@@ -574,8 +733,11 @@ MLAKV_HD void encode_f32_record(const float* latent, int latent_dim, const float
 }
 
 // token_scale: the per-token scale mode (nvfp4 formats only; callers validate).
+// nvfp4_mode: the nvfp4 group-scale choice (nvfp4 formats outside token-scale mode; callers
+// validate with check_nvfp4_scales; ignored elsewhere).
 MLAKV_HD void encode_record(KvFormat f, const float* latent, const float* rope, float outer_scale,
-                            Fp8ScaleMode fp8_mode, uint8_t* rec, bool token_scale = false) {
+                            Fp8ScaleMode fp8_mode, uint8_t* rec, bool token_scale = false,
+                            Nvfp4ScaleMode nvfp4_mode = Nvfp4ScaleMode::kRn) {
   visit_format(f, [&](auto tag) {
     constexpr KvFormat F = decltype(tag)::value;
     if constexpr (F == KvFormat::kBf16) {
@@ -583,11 +745,11 @@ MLAKV_HD void encode_record(KvFormat f, const float* latent, const float* rope, 
     } else if constexpr (F == KvFormat::kFp8DsMla) {
       encode_fp8_record(latent, rope, fp8_mode, rec);
     } else if constexpr (F == KvFormat::kNvfp4DsMla) {
-      encode_nvfp4_record(latent, rope, outer_scale, rec, token_scale);
+      encode_nvfp4_record(latent, rope, outer_scale, rec, token_scale, nvfp4_mode);
     } else if constexpr (F == KvFormat::kNvfp4DsMlaFp8Rope) {
-      encode_nvfp4_fp8rope_record(latent, rope, outer_scale, rec, token_scale);
+      encode_nvfp4_fp8rope_record(latent, rope, outer_scale, rec, token_scale, nvfp4_mode);
     } else if constexpr (F == KvFormat::kNvfp4DsMlaInt8Rope) {
-      encode_nvfp4_int8rope_record(latent, rope, outer_scale, rec, token_scale);
+      encode_nvfp4_int8rope_record(latent, rope, outer_scale, rec, token_scale, nvfp4_mode);
     } else {
       static_assert(F == KvFormat::kF32);
       encode_f32_record(latent, kLatentDim, rope, kRopeDim, rec);

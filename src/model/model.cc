@@ -382,7 +382,9 @@ StatusOr<std::vector<LayerFormat>> Model::transform_layer_formats(KvFormat forma
   MLAKV_RETURN_IF_ERROR(validate_latent_transform(t));
   const bool outer = format_info(format).has_outer_scale;
   std::vector<LayerFormat> out;
-  for (const LatentTransformLayer& l : t.layers) out.push_back({format, outer ? l.outer_scale : 1.0f});
+  // The file's nvfp4 scale mode on the nvfp4 formats (it is an nvfp4 encoder option).
+  const Nvfp4ScaleMode nv = is_nvfp4_format(format) ? t.nvfp4_scales : Nvfp4ScaleMode::kRn;
+  for (const LatentTransformLayer& l : t.layers) out.push_back({format, outer ? l.outer_scale : 1.0f, false, nv});
   return out;
 }
 

@@ -14,6 +14,8 @@
 //   e2m1   the same with 1 mantissa bit: |y| >= 1: (bits + 0x1FFFFF + lsb) >> 22 - 252;
 //          |y| < 1: (|y| + 2^22) - 2^22 in steps of 0.5, code = 2x; min(code, 7), sign bit
 //          3; NaN -> 7;
+//   scale search (Nvfp4ScaleMode::kSearch): each candidate's squared error with the spec's
+//          float32 operations and its fixed summation tree (vectors added whole, then lanes);
 //   divisions x / s are IEEE-exact in SIMD as in scalar code; the per-tile, per-group and
 //   rope scales are computed by the scalar spec's own functions from SIMD max-reductions
 //   (max is exact).
@@ -37,8 +39,12 @@ namespace mlakv::model {
 // finite inputs; every byte of rec[record_bytes] is written, pads zero.
 //   fp8_exact_scales: Fp8ScaleMode::kExact (vLLM) instead of kPow2 (FlashMLA).
 //   token_scale: the nvfp4 per-token scale mode (callers validate: nvfp4 formats, s_l 1).
+//   nvfp4_scales: the nvfp4 group-scale choice (codec::nvfp4_search_scale_code for kSearch;
+//     ignored in token-scale mode and for other formats, as the scalar spec; callers validate
+//     with check_nvfp4_scales).
 void encode_record_simd(KvFormat f, const float* latent, int latent_dim, const float* rope, int rope_dim,
-                        float outer_scale, bool fp8_exact_scales, uint8_t* rec, bool token_scale = false);
+                        float outer_scale, bool fp8_exact_scales, uint8_t* rec, bool token_scale = false,
+                        Nvfp4ScaleMode nvfp4_scales = Nvfp4ScaleMode::kRn);
 
 // Encodes n tokens into `slots` of cache layer `layer` (slots < 0 skipped), threads over
 // tokens. latent [n, latent_dim], rope [n, rope_dim] f32. Validates first and writes

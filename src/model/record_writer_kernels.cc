@@ -148,7 +148,93 @@ struct E4m3Table {
   }
 };
 
-void Nvfp4Latent(const float* latent, float outer_scale, uint8_t* rec) {
+// e2m1_to_f32 of magnitude codes m (0..7): m / 2 below 2, else 2^(m / 2 - 1) (1 + (m & 1) / 2),
+// whose float32 bits are (m << 22) + (126 << 23).
+HWY_INLINE hn::Vec<DF> E2m1Magnitude(DF df, hn::Vec<DU> m) {
+  const DU du;
+  const DI di;
+  const auto small = hn::Mul(hn::ConvertTo(df, hn::BitCast(di, m)), hn::Set(df, 0.5f));
+  const auto big = hn::BitCast(df, hn::Add(hn::ShiftLeft<22>(m), hn::Set(du, 126u << 23)));
+  return hn::IfThenElse(hn::RebindMask(df, hn::Lt(m, hn::Set(du, 2u))), small, big);
+}
+
+// e4m3_to_f32 of codes c (0..0x7E) per lane: c 2^-9 below 8 (subnormal), else the float32
+// bits (c << 20) + (120 << 23) (exponent c >> 3 rebiased from 7 to 127, mantissa c & 7).
+HWY_INLINE hn::Vec<DF> E4m3Value(DF df, hn::Vec<DU> c) {
+  const DU du;
+  const DI di;
+  const auto sub = hn::Mul(hn::ConvertTo(df, hn::BitCast(di, c)), hn::Set(df, 0.001953125f));  // 2^-9
+  const auto norm = hn::BitCast(df, hn::Add(hn::ShiftLeft<20>(c), hn::Set(du, 120u << 23)));
+  return hn::IfThenElse(hn::RebindMask(df, hn::Lt(c, hn::Set(du, 8u))), sub, norm);
+}
+
+// codec::nvfp4_group_sq_error for N groups at once, one group per lane: at[i] holds element
+// i of each lane's group (|y|, i = 0..15), sf each lane's candidate scale (0 for code 0: then
+// q = a / 0 is +Inf or NaN, whose e2m1 code 7 reconstructs 6 * 0 = 0, so d = a as the spec's).
+// The same float32 operations per lane as the spec, and its tree: s_j = p_j + p_{j+8}, then
+// h = 4, 2, 1.
+HWY_INLINE hn::Vec<DF> GroupSqErrors(DF df, const float* const* at, hn::Vec<DF> sf) {
+  const DU du;
+  auto sq = [&](int i) {
+    const auto a = hn::LoadU(df, at[i]);
+    const auto m = hn::And(E2m1Codes(df, hn::Div(a, sf)), hn::Set(du, 7u));
+    const auto d = hn::Sub(a, hn::Mul(E2m1Magnitude(df, m), sf));
+    return hn::Mul(d, d);
+  };
+  hn::Vec<DF> s8[8];
+  for (int j = 0; j < 8; ++j) {
+    const auto lo = sq(j);
+    s8[j] = hn::Add(lo, sq(j + 8));
+  }
+  for (int h = 4; h >= 1; h /= 2) {
+    for (int j = 0; j < h; ++j) s8[j] = hn::Add(s8[j], s8[j + h]);
+  }
+  return s8[0];
+}
+
+// codec::nvfp4_search_scale_code for all 32 groups of y (the record's y = latent / s),
+// N groups per vector (the elements transposed: lane = group): each group's RN code c0 from
+// scales[g], then c0 - 1 (where c0 >= 2) and c0 + 1 (where <= 0x7E) replace the best only
+// where strictly less. The chosen codes go back to scales[g].
+void SearchScaleCodes(const float* y, uint8_t* scales) {
+  namespace NV = layout::nvfp4_ds_mla;
+  const DF df;
+  const DU du;
+  const hn::Rebind<uint8_t, DU> d8;
+  constexpr int N = static_cast<int>(hn::MaxLanes(DF()));
+  static_assert(NV::kNumGroups % N == 0);
+  alignas(64) float yt[NV::kGroupDim][NV::kNumGroups];  // yt[i][g] = |y[16 g + i]|
+  for (int g = 0; g < NV::kNumGroups; ++g) {
+    for (int i = 0; i < NV::kGroupDim; ++i) yt[i][g] = codec::fabs_f(y[g * NV::kGroupDim + i]);
+  }
+  for (int g0 = 0; g0 < NV::kNumGroups; g0 += N) {
+    const float* at[NV::kGroupDim];
+    for (int i = 0; i < NV::kGroupDim; ++i) at[i] = &yt[i][g0];
+    const auto c0 = hn::PromoteTo(du, hn::LoadU(d8, scales + g0));
+    auto best_c = c0;
+    auto best_e = GroupSqErrors(df, at, E4m3Value(df, c0));
+    const auto one = hn::Set(du, 1u);
+    {
+      const auto c = hn::Sub(c0, one);
+      const auto ok = hn::RebindMask(df, hn::Gt(c0, hn::Set(du, 1u)));
+      const auto e = GroupSqErrors(df, at, E4m3Value(df, hn::IfThenElse(hn::RebindMask(du, ok), c, c0)));
+      const auto take = hn::And(ok, hn::Lt(e, best_e));
+      best_e = hn::IfThenElse(take, e, best_e);
+      best_c = hn::IfThenElse(hn::RebindMask(du, take), c, best_c);
+    }
+    {
+      const auto c = hn::Add(c0, one);
+      const auto ok = hn::RebindMask(df, hn::Lt(c, hn::Set(du, 0x7Fu)));
+      const auto e = GroupSqErrors(df, at, E4m3Value(df, hn::IfThenElse(hn::RebindMask(du, ok), c, c0)));
+      const auto take = hn::And(ok, hn::Lt(e, best_e));
+      best_c = hn::IfThenElse(hn::RebindMask(du, take), c, best_c);
+    }
+    StoreBytes(best_c, scales + g0);
+  }
+}
+
+// search: Nvfp4ScaleMode::kSearch (the group codes from SearchScaleCodes).
+void Nvfp4Latent(const float* latent, float outer_scale, uint8_t* rec, bool search) {
   namespace NV = layout::nvfp4_ds_mla;
   static const E4m3Table table;
   const DF df;
@@ -173,6 +259,7 @@ void Nvfp4Latent(const float* latent, float outer_scale, uint8_t* rec) {
   for (int g = 0; g < NV::kNumGroups; g += N) {
     StoreBytes(E4m3Codes(df, hn::Div(hn::LoadU(df, amax + g), hn::Set(df, kE2m1Max))), scales + g);
   }
+  if (search) SearchScaleCodes(y, scales);
   uint8_t codes[NV::kGroupDim + 16];
   for (int g = 0; g < NV::kNumGroups; ++g) {
     const float sf = table.v[scales[g] & 0x7F];
@@ -192,8 +279,9 @@ void Nvfp4Latent(const float* latent, float outer_scale, uint8_t* rec) {
 
 // Bytes [0, 288) of an nvfp4 record; in token-scale mode also s_t at [292, 296) (call
 // after the pad is zeroed): s_t = AbsMax * f32(1/2688) is the scalar spec's, and an
-// s_t of 0 writes zero codes and scales as the scalar encode_nvfp4_latent does.
-void Nvfp4LatentMode(const float* latent, float outer_scale, bool token_scale, uint8_t* rec) {
+// s_t of 0 writes zero codes and scales as the scalar encode_nvfp4_latent does. search
+// (Nvfp4ScaleMode::kSearch) applies outside token-scale mode only, as the spec's.
+void Nvfp4LatentMode(const float* latent, float outer_scale, bool token_scale, uint8_t* rec, bool search) {
   namespace NV = layout::nvfp4_ds_mla;
   float s = outer_scale;
   if (token_scale) {
@@ -205,7 +293,7 @@ void Nvfp4LatentMode(const float* latent, float outer_scale, bool token_scale, u
     std::memset(rec + NV::kScaleOffset, 0, NV::kNumGroups);
     return;
   }
-  Nvfp4Latent(latent, s, rec);
+  Nvfp4Latent(latent, s, rec, search && !token_scale);
 }
 
 // The in-vector butterfly of stage h < lanes: lane j pairs with lane j ^ h; the lower one
@@ -311,7 +399,7 @@ void TransformToken(const float* mu, const float* gain, bool rotate, const float
 }
 
 void EncodeRecord(KvFormat f, const float* latent, int latent_dim, const float* rope, int rope_dim, float outer_scale,
-                  bool fp8_exact, bool token_scale, uint8_t* rec) {
+                  bool fp8_exact, bool token_scale, bool nvfp4_search, uint8_t* rec) {
   switch (f) {
     case KvFormat::kBf16:
       StoreBf16(latent, latent_dim, rec);
@@ -336,14 +424,14 @@ void EncodeRecord(KvFormat f, const float* latent, int latent_dim, const float* 
     case KvFormat::kNvfp4DsMla: {
       namespace NV = layout::nvfp4_ds_mla;
       std::memset(rec + NV::kPadOffset, 0, NV::kPadBytes);
-      Nvfp4LatentMode(latent, outer_scale, token_scale, rec);
+      Nvfp4LatentMode(latent, outer_scale, token_scale, rec, nvfp4_search);
       StoreBf16(rope, kRopeDim, rec + NV::kRopeOffset);
       break;
     }
     case KvFormat::kNvfp4DsMlaFp8Rope: {
       namespace NR = layout::nvfp4_ds_mla_fp8rope;
       std::memset(rec + NR::kPadOffset, 0, NR::kPadBytes);
-      Nvfp4LatentMode(latent, outer_scale, token_scale, rec);
+      Nvfp4LatentMode(latent, outer_scale, token_scale, rec, nvfp4_search);
       const float rs = codec::rope_fp8_scale(AbsMax(rope, kRopeDim));
       codec::store_f32(rec + NR::kRopeScaleOffset, rs);
       if (rs == 0.0f) {
@@ -356,7 +444,7 @@ void EncodeRecord(KvFormat f, const float* latent, int latent_dim, const float* 
     case KvFormat::kNvfp4DsMlaInt8Rope: {
       namespace NI = layout::nvfp4_ds_mla_int8rope;
       std::memset(rec + NI::kPadOffset, 0, NI::kPadBytes);
-      Nvfp4LatentMode(latent, outer_scale, token_scale, rec);
+      Nvfp4LatentMode(latent, outer_scale, token_scale, rec, nvfp4_search);
       const float rs = codec::rope_int8_scale(AbsMax(rope, kRopeDim));
       codec::store_f32(rec + NI::kRopeScaleOffset, rs);
       if (rs == 0.0f) {
@@ -420,9 +508,10 @@ HWY_EXPORT(E4m3CodesN);
 HWY_EXPORT(E2m1CodesN);
 
 void encode_record_simd(KvFormat f, const float* latent, int latent_dim, const float* rope, int rope_dim,
-                        float outer_scale, bool fp8_exact_scales, uint8_t* rec, bool token_scale) {
+                        float outer_scale, bool fp8_exact_scales, uint8_t* rec, bool token_scale,
+                        Nvfp4ScaleMode nvfp4_scales) {
   HWY_DYNAMIC_DISPATCH(EncodeRecord)(f, latent, latent_dim, rope, rope_dim, outer_scale, fp8_exact_scales,
-                                     token_scale, rec);
+                                     token_scale, nvfp4_scales == Nvfp4ScaleMode::kSearch, rec);
 }
 
 void e4m3_codes_simd(const float* y, int64_t n, uint8_t* out) { HWY_DYNAMIC_DISPATCH(E4m3CodesN)(y, n, out); }
@@ -483,12 +572,14 @@ Status write_cache_records(KvCache& cache, int layer, std::span<const int64_t> s
     }
   }
   const bool exact = cache.config().fp8_scales == Fp8ScaleMode::kExact;
+  // (cache.layer validated the view: kSearch only on nvfp4 layers outside token-scale mode.)
+  const bool search = v.nvfp4_scales == Nvfp4ScaleMode::kSearch;
   auto one = [&](int64_t i) {
     const int64_t s = slots[static_cast<std::size_t>(i)];
     if (s < 0) return;
     if (transform == nullptr) {
       HWY_DYNAMIC_DISPATCH(EncodeRecord)(v.format, latent + i * L, L, rope + i * R, R, v.outer_scale, exact,
-                                         v.token_scale, v.data + s * v.record_bytes);
+                                         v.token_scale, search, v.data + s * v.record_bytes);
       return;
     }
     alignas(64) float lat[kLatentDim];
@@ -496,7 +587,7 @@ Status write_cache_records(KvCache& cache, int layer, std::span<const int64_t> s
     HWY_DYNAMIC_DISPATCH(TransformToken)(transform->mu_data(), transform->gain_data(), transform->rotates_latent(),
                                          transform->rotates_rope() ? transform->rope_gain_data() : nullptr,
                                          latent + i * L, rope + i * R, lat, rp);
-    HWY_DYNAMIC_DISPATCH(EncodeRecord)(v.format, lat, L, rp, R, v.outer_scale, exact, v.token_scale,
+    HWY_DYNAMIC_DISPATCH(EncodeRecord)(v.format, lat, L, rp, R, v.outer_scale, exact, v.token_scale, search,
                                        v.data + s * v.record_bytes);
   };
   if (pool == nullptr || n < 64) {

@@ -1636,6 +1636,166 @@ TEST_F(Cuda, WritersAreByteIdenticalOnAdversarialInputs) {
   }
 }
 
+// The nvfp4 scale search (Nvfp4ScaleMode::kSearch) on the device: the records equal the
+// scalar codec's (codec::nvfp4_search_scale_code, with its float32 error and ties) for every
+// nvfp4 format, f32 and bf16 inputs, outer scales on every division path (powers of two in and
+// out of [2^-64, 2^64], the reciprocal path, the IEEE fallback), inputs on e2m1 midpoints of
+// each candidate scale (RN - 1, RN, RN + 1) and their neighbours, e4m3 subnormal and saturating
+// group maxima, zeros, tiny and huge groups, more tokens than warps, padding, a slot past the
+// layer; with the latent transform too. The per-token scale mode with the search is refused.
+TEST_F(Cuda, WritersScaleSearchIsByteIdenticalToTheCpu) {
+  const int n = 3001;
+  const int64_t cap = 3072;
+  std::mt19937 rng(53);
+  std::normal_distribution<float> nd;
+  std::uniform_int_distribution<int> pick(0, 9), nb(-2, 2), cand(-1, 1);
+  const float ties[] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, 6.0f, 0.5f, 0.0625f};
+  std::vector<int64_t> perm(static_cast<std::size_t>(cap));
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::vector<int64_t> slots(perm.begin(), perm.begin() + n);
+  slots[9] = -1;
+  slots[2000] = cap;
+  std::vector<float> rope(static_cast<std::size_t>(n) * kRopeDim);
+  for (float& x : rope) x = nd(rng);
+  LatentTransformLayer tl = LatentTransformLayer::identity();
+  for (int d = 0; d < kLatentDim; ++d) {
+    tl.mu[static_cast<std::size_t>(d)] = 0.01f * nd(rng);
+    tl.d[static_cast<std::size_t>(d)] = std::exp(0.3f * nd(rng));
+  }
+  tl.rotate = true;
+  tl.sign_seed = 77;
+  tl.rope_rotate = true;
+  tl.rope_sign_seed = 78;
+  for (KvFormat f : {KvFormat::kNvfp4DsMla, KvFormat::kNvfp4DsMlaFp8Rope, KvFormat::kNvfp4DsMlaInt8Rope}) {
+    for (float outer : {1.0f, 0.125f, 0x1p-70f, 0x1p70f, 0.3f, 7.44e-6f, 1e-20f, 1e35f}) {
+      for (int in = 0; in < 3; ++in) {  // 0 f32, 1 bf16, 2 f32 with the latent transform
+        const bool bf16_in = in == 1, tf = in == 2;
+        if (tf && outer != 1.0f && outer != 0.3f) continue;
+        std::vector<float> lat(static_cast<std::size_t>(n) * kLatentDim);
+        for (int t = 0; t < n; ++t) {
+          for (int g = 0; g < 32; ++g) {
+            float* x = lat.data() + (static_cast<std::size_t>(t) * 32 + g) * 16;
+            const int kind = (t + g) % 10;
+            // The unit: an e4m3 scale next to the group's RN code (so the values sit on the e2m1
+            // midpoints of one of the three candidates), times s_l.
+            const int code = 2 + (t * 7 + g * 37) % (kE4m3MaxCode - 3) + cand(rng);
+            const float unit = e4m3_to_f32(static_cast<uint8_t>(code)) * outer;
+            for (int i = 0; i < 16; ++i) {
+              float v;
+              if (t % 89 == 3 || kind == 0) {
+                v = 0.0f;
+              } else if (kind == 1) {
+                v = i % 2 ? -0.0f : 1e-38f * static_cast<float>(i);
+              } else if (kind == 2) {
+                v = nd(rng) * 1e30f;
+              } else if (kind == 3) {  // a group maximum past e4m3's largest scale (saturated code)
+                v = (i == 0 ? 3000.0f : nd(rng) * 500.0f) * outer;
+              } else if (kind == 4) {  // an RN code of 0 (amax / 6 below 2^-10) or 1
+                v = (i == 0 ? 0.004f + 0.003f * static_cast<float>(t % 3) : 0.001f * nd(rng)) * outer;
+              } else {
+                v = (i == 0 ? 6.0f : ties[pick(rng)]) * unit;
+                v = std::bit_cast<float>(std::bit_cast<uint32_t>(v) + static_cast<uint32_t>(nb(rng)));
+                if (kind >= 8) v = nd(rng) * unit * 2.0f;
+              }
+              if (!std::isfinite(v)) v = 1.0f;  // (unit 384 * 1e35 times a large normal draw)
+              x[i] = i % 3 == 1 ? -v : v;
+            }
+          }
+        }
+        if (bf16_in) {
+          for (float& x : lat) x = bf16_to_f32(f32_to_bf16(x));
+        }
+        std::vector<float> rp = rope;
+        if (bf16_in) {
+          for (float& x : rp) x = bf16_to_f32(f32_to_bf16(x));
+        }
+        const float s_l = outer;
+        LatentTransformLayer tli = tl;
+        tli.outer_scale = s_l;
+        auto kernel = LatentTransformKernel::create(tli);
+        ASSERT_TRUE(kernel.ok()) << kernel.status().to_string();
+        if (tf) {  // keep |(c - mu) d| inside the transform's range: drop the huge groups
+          for (float& x : lat) {
+            if (!(std::abs(x) < 1e20f)) x = 1.0f;
+          }
+        }
+        SCOPED_TRACE(fmt::format("{} outer {} input {}", format_name(f), outer, in));
+        const int rb = record_bytes(f);
+        std::vector<uint8_t> want(static_cast<std::size_t>(cap) * rb, 0xAB);
+        for (int i = 0; i < n; ++i) {
+          const int64_t s = slots[static_cast<std::size_t>(i)];
+          if (s < 0 || s >= cap) continue;
+          const float* l = lat.data() + static_cast<std::size_t>(i) * kLatentDim;
+          const float* r = rp.data() + static_cast<std::size_t>(i) * kRopeDim;
+          float lt[kLatentDim], rt[kRopeDim];
+          if (tf) {
+            kernel->latent(l, lt);
+            kernel->rope(r, rt);
+            l = lt;
+            r = rt;
+          }
+          codec::encode_record(f, l, r, s_l, Fp8ScaleMode::kPow2, want.data() + s * rb, false, Nvfp4ScaleMode::kSearch);
+        }
+        DeviceBuffer<uint8_t> d_cache(want.size());
+        CUDA_OK(cudaMemset(d_cache.ptr, 0xAB, want.size()));
+        DeviceBuffer<int64_t> d_slots(slots.size());
+        d_slots.upload(slots);
+        std::vector<uint16_t> lat16, rope16;
+        for (float x : lat) lat16.push_back(f32_to_bf16(x));
+        for (float x : rp) rope16.push_back(f32_to_bf16(x));
+        DeviceBuffer<float> d_lat(lat.size()), d_rope(rp.size());
+        DeviceBuffer<uint16_t> d_lat16(lat16.size()), d_rope16(rope16.size());
+        d_lat.upload(lat);
+        d_rope.upload(rp);
+        d_lat16.upload(lat16);
+        d_rope16.upload(rope16);
+        DeviceBuffer<int> d_err(1);
+        CUDA_OK(cudaMemset(d_err.ptr, 0, sizeof(int)));
+        CacheLayerView v;
+        v.data = d_cache.ptr;
+        v.num_blocks = cap / 16;
+        v.block_size = 16;
+        v.record_bytes = rb;
+        v.format = f;
+        v.outer_scale = s_l;
+        v.nvfp4_scales = Nvfp4ScaleMode::kSearch;
+        v.device = Device::cuda(0);
+        const auto dt = bf16_in ? DType::kBF16 : DType::kF32;
+        const TensorView ts = TensorView::contiguous(d_slots.ptr, DType::kI64, {n}, Device::cuda(0));
+        const TensorView tlv = TensorView::contiguous(bf16_in ? static_cast<void*>(d_lat16.ptr) : d_lat.ptr, dt,
+                                                      {n, kLatentDim}, Device::cuda(0));
+        const TensorView trv = TensorView::contiguous(bf16_in ? static_cast<void*>(d_rope16.ptr) : d_rope.ptr, dt,
+                                                      {n, kRopeDim}, Device::cuda(0));
+        Status st = Status::Ok();
+        if (tf) {
+          auto dtf = cuda::DeviceLatentTransform::upload(*kernel, 0);
+          ASSERT_TRUE(dtf.ok()) << dtf.status().to_string();
+          st = cuda::write_cache(v, ts, tlv, trv, Fp8ScaleMode::kPow2, *dtf, nullptr, d_err.ptr);
+          CUDA_OK(cudaDeviceSynchronize());
+        } else {
+          st = cuda::write_cache(v, ts, tlv, trv, Fp8ScaleMode::kPow2, nullptr, d_err.ptr);
+        }
+        ASSERT_TRUE(st.ok()) << st.to_string();
+        CUDA_OK(cudaDeviceSynchronize());
+        EXPECT_EQ(d_err.download()[0], 1);
+        const auto got = d_cache.download();
+        for (std::size_t k = 0; k < got.size(); ++k) {
+          ASSERT_EQ(got[k], want[k]) << "byte " << k << " (slot " << k / static_cast<std::size_t>(rb) << ", offset "
+                                     << k % static_cast<std::size_t>(rb) << ")";
+        }
+        if (in == 0 && outer == 1.0f) {  // the search with the per-token scale mode: refused, nothing launched
+          CacheLayerView w = v;
+          w.token_scale = true;
+          const Status bad = cuda::write_cache(w, ts, tlv, trv, Fp8ScaleMode::kPow2, nullptr, d_err.ptr);
+          EXPECT_FALSE(bad.ok());
+          EXPECT_NE(bad.message().find("per-token scale mode"), std::string::npos) << bad.to_string();
+        }
+      }
+    }
+  }
+}
+
 // The writer's nvfp4 subnormal-scale tally equals the CPU's check (nvfp4_scale_check, what
 // KvCache::write warns from) over the tokens written: groups of every size around the
 // subnormal edge amax_g = 6 * 2^-6 * s_l (and exactly on it), zero groups, several outer

@@ -117,6 +117,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
   } else if (format_info(p.format).has_outer_scale && (data[0] & 0x20)) {
     p.outer_scale = 0.0625f;
   }
+  // The nvfp4 scale search (an encoder option; not with the per-token scale mode).
+  if (is_nvfp4_format(p.format) && !p.token_scale && (data[0] & 0x80)) p.nvfp4_scales = Nvfp4ScaleMode::kSearch;
   const int rb = *codec_record_bytes(p);
   const uint8_t* body = data + 1;
   const std::size_t len = size - 1;

@@ -55,6 +55,8 @@ Status write_cache_impl(const CacheLayerView& layer, const TensorView& slots, co
                           false};
   static_assert(sizeof(Nvfp4ScaleTally) == 4 * sizeof(unsigned long long) &&
                 offsetof(Nvfp4ScaleTally, max_abs_bits) == 3 * sizeof(unsigned long long));
+  // (check_cache_view accepted kSearch only on an nvfp4 layer outside token-scale mode.)
+  p.nvfp4_search = layer.nvfp4_scales == Nvfp4ScaleMode::kSearch;
   if (tally != nullptr && is_nvfp4_format(layer.format) && !layer.token_scale) {
     p.tally = reinterpret_cast<unsigned long long*>(tally);
   }

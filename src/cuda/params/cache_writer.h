@@ -30,7 +30,10 @@ struct WriterParams {
   const float* t_rope_gain = nullptr;  // [64] device, or null: rope unrotated
   bool t_rotate = false;
   // The nvfp4 subnormal-scale tally (include/mlakv/cuda.h), device, or null.
-  unsigned long long* tally = nullptr;  // [tokens, groups, subnormal_groups, (max |latent| bits) as u32 pair]
+  unsigned long long* tally = nullptr;
+  // Nvfp4ScaleMode::kSearch (nvfp4 formats outside token-scale mode; the API validated it):
+  // codec::nvfp4_group_search_fast per group.
+  bool nvfp4_search = false;  // [tokens, groups, subnormal_groups, (max |latent| bits) as u32 pair]
 };
 
 }  // namespace mlakv::cuda::kernels

@@ -6,7 +6,9 @@
 // owns the record parts common/record_part.cuh names (record::Lane): latent dims
 // [16l, 16l+16), rope dims [2l, 2l+2). The nvfp4 writers are bound by instruction issue
 // and the ALU pipe (half the issue rate), so their element code keeps to the FMA pipe
-// where it can (docs/perf.md, "Cache writers, helper wrt3").
+// where it can (docs/perf.md, "Cache writers, helper wrt3"). The nvfp4 scale search
+// (Nvfp4ScaleMode::kSearch) runs codec::nvfp4_group_search_fast per lane (one group each) in
+// its own kernel instantiations, so the round-to-nearest kernels are unchanged.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -241,8 +243,9 @@ __device__ Nvfp4Launch nvfp4_launch(const WriterParams& p, float2* table) {
   return l;
 }
 
-// One token: lane `lane`'s parts of record `rec`.
-template <KvFormat F, bool kTf, bool kVec>
+// One token: lane `lane`'s parts of record `rec`. kSearch: Nvfp4ScaleMode::kSearch (nvfp4
+// formats, never in token-scale mode).
+template <KvFormat F, bool kTf, bool kVec, bool kSearch>
 __device__ __forceinline__ void encode_token(const WriterParams& p, const LaneTransform<kTf>& tf, const Nvfp4Launch& nl,
                                              int lane, int64_t t, uint8_t* rec, LaneTally& tally) {
   const int64_t lo = t * p.latent_stride, ro = t * p.rope_stride;
@@ -305,7 +308,11 @@ __device__ __forceinline__ void encode_token(const WriterParams& p, const LaneTr
     if (p.tally != nullptr) tally.add(lane_amax, s);  // set outside token-scale mode only (s = s_l)
     uint8_t sf_code = 0;
     uint32_t w[2] = {0, 0};
-    if (s != 0.0f) {  // s_t = 0: an all-zero latent, zero codes and scales
+    if constexpr (kSearch) {
+      // Each group's scale code by its squared error (the spec's nvfp4_search_scale_code on
+      // the IEEE quotients |x| / s_l); s_l > 0 always (check_cache_view).
+      sf_code = codec::nvfp4_group_search_fast(x, s, lane_amax, w);
+    } else if (s != 0.0f) {  // s_t = 0: an all-zero latent, zero codes and scales
       // The fast path where every lane's group allows it (s and mode are the warp's).
       bool fast = false;
       if (mode != codec::Nvfp4Fast::kNone) {
@@ -351,7 +358,7 @@ __device__ __forceinline__ void encode_token(const WriterParams& p, const LaneTr
 
 // Each warp encodes tokens warp, warp + W, warp + 2W, ... (W warps in the grid, sized to
 // what the GPU holds at once), so the transform's factors are loaded once per block.
-template <KvFormat F, bool kTf, bool kVec>
+template <KvFormat F, bool kTf, bool kVec, bool kSearch>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32, kMinBlocksPerSm) write_cache_kernel(WriterParams p) {
   const int lane = threadIdx.x & 31;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
@@ -369,7 +376,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, kMinBlocksPerSm) write_ca
       if (lane == 0 && p.error_count != nullptr) atomicAdd(p.error_count, 1);
       continue;
     }
-    encode_token<F, kTf, kVec>(p, tf, nl, lane, t, p.cache + slot * p.record_bytes, tally);
+    encode_token<F, kTf, kVec, kSearch>(p, tf, nl, lane, t, p.cache + slot * p.record_bytes, tally);
   }
   if constexpr (is_nvfp4_format(F)) {
     if (p.tally != nullptr) tally.flush(p.tally, lane);
@@ -379,12 +386,12 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, kMinBlocksPerSm) write_ca
 // Resident blocks per SM of one kernel on the current device (looked up once per kernel:
 // the writers run on one architecture per process in practice; a wrong count only costs
 // speed).
-template <KvFormat F, bool kTf, bool kVec>
+template <KvFormat F, bool kTf, bool kVec, bool kSearch>
 int grid_blocks(int64_t n) {
   static std::atomic<int> per_sm{0}, sms{0};
   if (per_sm.load(std::memory_order_relaxed) == 0) {
     int b = 0, dev = 0, c = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, write_cache_kernel<F, kTf, kVec>, kWarpsPerBlock * 32, 0) != cudaSuccess || b < 1) b = 1;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, write_cache_kernel<F, kTf, kVec, kSearch>, kWarpsPerBlock * 32, 0) != cudaSuccess || b < 1) b = 1;
     if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&c, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || c < 1) c = 1;
     sms.store(c, std::memory_order_relaxed);
     per_sm.store(b, std::memory_order_relaxed);
@@ -415,17 +422,29 @@ int launch_write_cache(KvFormat format, const WriterParams& p, void* stream) {
   return dispatch_format<KernelSet::kAll>(format, int{cudaErrorInvalidValue}, [&](auto tag) {
     constexpr KvFormat F = decltype(tag)::value;
     auto go = [&](auto kernel, int blocks) { kernel<<<blocks, block, 0, s>>>(p); };
-    if (tf) {
-      if (vec) {
-        go(write_cache_kernel<F, true, true>, grid_blocks<F, true, true>(p.n));
+    // The scale search: its own instantiations (nvfp4 formats only), so the round-to-nearest
+    // kernels are the same code as without it.
+    auto launch = [&](auto search) {
+      constexpr bool kS = decltype(search)::value;
+      if (tf) {
+        if (vec) {
+          go(write_cache_kernel<F, true, true, kS>, grid_blocks<F, true, true, kS>(p.n));
+        } else {
+          go(write_cache_kernel<F, true, false, kS>, grid_blocks<F, true, false, kS>(p.n));
+        }
+      } else if (vec) {
+        go(write_cache_kernel<F, false, true, kS>, grid_blocks<F, false, true, kS>(p.n));
       } else {
-        go(write_cache_kernel<F, true, false>, grid_blocks<F, true, false>(p.n));
+        go(write_cache_kernel<F, false, false, kS>, grid_blocks<F, false, false, kS>(p.n));
       }
-    } else if (vec) {
-      go(write_cache_kernel<F, false, true>, grid_blocks<F, false, true>(p.n));
-    } else {
-      go(write_cache_kernel<F, false, false>, grid_blocks<F, false, false>(p.n));
+    };
+    if constexpr (is_nvfp4_format(F)) {
+      if (p.nvfp4_search && !p.token_scale) {
+        launch(std::true_type{});
+        return static_cast<int>(cudaGetLastError());
+      }
     }
+    launch(std::false_type{});
     return static_cast<int>(cudaGetLastError());
   });
 }
