@@ -63,37 +63,26 @@ MLAKV_NAT_DECLARE(KvFormat::kNvfp4DsMlaFp8Rope)
 MLAKV_NAT_DECLARE(KvFormat::kNvfp4DsMlaInt8Rope)
 #undef MLAKV_NAT_DECLARE
 
+// fn(FormatTag<F>{}) for a format the kernel has an instantiation of, else `fallback`.
+template <class Fn>
+int nat_dispatch(KvFormat format, int fallback, Fn&& fn) {
+  return visit_format(format, fallback, [&](auto tag) -> int {
+    constexpr KvFormat F = decltype(tag)::value;
+    if constexpr (F == KvFormat::kBf16 || F == KvFormat::kFp8DsMla || is_nvfp4_format(F)) return fn(tag);
+    else return fallback;
+  });
+}
+
 // The path table's entries: dispatch on the format; other formats: cudaErrorInvalidValue
 // (1) or 0 CTAs.
 inline int configure_attention_nat(KvFormat format, int record_bytes) {
-  switch (format) {
-    case KvFormat::kBf16: return configure_attention_nat_for<KvFormat::kBf16>(record_bytes);
-    case KvFormat::kFp8DsMla: return configure_attention_nat_for<KvFormat::kFp8DsMla>(record_bytes);
-    case KvFormat::kNvfp4DsMla: return configure_attention_nat_for<KvFormat::kNvfp4DsMla>(record_bytes);
-    case KvFormat::kNvfp4DsMlaFp8Rope: return configure_attention_nat_for<KvFormat::kNvfp4DsMlaFp8Rope>(record_bytes);
-    case KvFormat::kNvfp4DsMlaInt8Rope: return configure_attention_nat_for<KvFormat::kNvfp4DsMlaInt8Rope>(record_bytes);
-    default: return 1;  // cudaErrorInvalidValue
-  }
+  return nat_dispatch(format, 1, [&](auto tag) { return configure_attention_nat_for<decltype(tag)::value>(record_bytes); });
 }
 inline int attention_nat_ctas_per_sm(KvFormat format, int record_bytes) {
-  switch (format) {
-    case KvFormat::kBf16: return attention_nat_ctas_per_sm_for<KvFormat::kBf16>(record_bytes);
-    case KvFormat::kFp8DsMla: return attention_nat_ctas_per_sm_for<KvFormat::kFp8DsMla>(record_bytes);
-    case KvFormat::kNvfp4DsMla: return attention_nat_ctas_per_sm_for<KvFormat::kNvfp4DsMla>(record_bytes);
-    case KvFormat::kNvfp4DsMlaFp8Rope: return attention_nat_ctas_per_sm_for<KvFormat::kNvfp4DsMlaFp8Rope>(record_bytes);
-    case KvFormat::kNvfp4DsMlaInt8Rope: return attention_nat_ctas_per_sm_for<KvFormat::kNvfp4DsMlaInt8Rope>(record_bytes);
-    default: return 0;
-  }
+  return nat_dispatch(format, 0, [&](auto tag) { return attention_nat_ctas_per_sm_for<decltype(tag)::value>(record_bytes); });
 }
 inline int launch_attention_nat(KvFormat format, const kernels::AttentionParams& p, int row_blocks, void* stream) {
-  switch (format) {
-    case KvFormat::kBf16: return launch_attention_nat_for<KvFormat::kBf16>(p, row_blocks, stream);
-    case KvFormat::kFp8DsMla: return launch_attention_nat_for<KvFormat::kFp8DsMla>(p, row_blocks, stream);
-    case KvFormat::kNvfp4DsMla: return launch_attention_nat_for<KvFormat::kNvfp4DsMla>(p, row_blocks, stream);
-    case KvFormat::kNvfp4DsMlaFp8Rope: return launch_attention_nat_for<KvFormat::kNvfp4DsMlaFp8Rope>(p, row_blocks, stream);
-    case KvFormat::kNvfp4DsMlaInt8Rope: return launch_attention_nat_for<KvFormat::kNvfp4DsMlaInt8Rope>(p, row_blocks, stream);
-    default: return 1;  // cudaErrorInvalidValue
-  }
+  return nat_dispatch(format, 1, [&](auto tag) { return launch_attention_nat_for<decltype(tag)::value>(p, row_blocks, stream); });
 }
 
 }  // namespace mlakv::cuda::sm90
