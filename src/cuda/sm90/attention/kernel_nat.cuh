@@ -241,19 +241,18 @@ __device__ __forceinline__ void e4m3x4_to_bf16(uint32_t w, float s, uint32_t& lo
   lo = mlakv::cuda::ptx::pack_bf16x2(a.x * s, a.y * s);
   hi = mlakv::cuda::ptx::pack_bf16x2(b.x * s, b.y * s);
 }
-// Eight e2m1 codes (a word, dim i in nibble i: even dims low) as bf16(e2m1 * sf * 2^-7)
-// (4 words, dim 2i in the low half of word i), exactly, given sc2 = f16x2(sf * 2^7, sf *
-// 2^7): each pair of nibbles (J, J + 4) becomes an f16x2 of e2m1 x 2^-14 (exact,
-// ptx::e2m1_pair), times sc2 e2m1 * sf * 2^-7 (exact in f16: 2 x 4 significant bits, at
-// least 2^-17), to fp32 and bf16 (exact). The outer scale s_l and the 2^7 are applied to
-// q's latent dims and to the output instead (kNvfp4QScale).
-__device__ __forceinline__ uint4 e2m1x8_to_bf16(uint32_t w, uint32_t sc2) {
-  const float2 a = f16x2_to_f32x2(ptx::hmul2(ptx::e2m1_pair<0>(w), sc2));  // dims 0, 4
-  const float2 b = f16x2_to_f32x2(ptx::hmul2(ptx::e2m1_pair<1>(w), sc2));  // 1, 5
-  const float2 c = f16x2_to_f32x2(ptx::hmul2(ptx::e2m1_pair<2>(w), sc2));  // 2, 6
-  const float2 d = f16x2_to_f32x2(ptx::hmul2(ptx::e2m1_pair<3>(w), sc2));  // 3, 7
-  namespace gp = mlakv::cuda::ptx;
-  return make_uint4(gp::pack_bf16x2(a.x, b.x), gp::pack_bf16x2(c.x, d.x), gp::pack_bf16x2(a.y, b.y), gp::pack_bf16x2(c.y, d.y));
+// Eight e2m1 codes (a word, dim i in nibble i) as bf16(e2m1 * sf * 2^-7), exactly, given
+// sc = bf16x2(sf * 2^119, sf * 2^119): each pair of nibbles (J, J + 4) becomes a bf16x2 of
+// e2m1 * 2^-126 (exact, ptx::e2m1_pair_bf16), times sc e2m1 * sf * 2^-7 (exact: 2 x 4
+// significant bits, at least 2^-17; the subnormal input 2^-127 is multiplied as it is).
+// Word J holds dims (J, J + 4): the e2m1 formats' tile keeps each 8-dim chunk's latent
+// dims in the order 0, 4, 1, 5, 2, 6, 3, 7 (kE2m1Perm), q's latent dims are stored in that
+// order too and the output is written back in dim order, so no repacking is needed. The
+// outer scale s_l and the 2^7 are applied to q's latent dims and to the output instead
+// (kNvfp4QScale).
+__device__ __forceinline__ uint4 e2m1x8_to_bf16(uint32_t w, uint32_t sc) {
+  return make_uint4(ptx::hmul2_bf16(ptx::e2m1_pair_bf16<0>(w), sc), ptx::hmul2_bf16(ptx::e2m1_pair_bf16<1>(w), sc),
+                    ptx::hmul2_bf16(ptx::e2m1_pair_bf16<2>(w), sc), ptx::hmul2_bf16(ptx::e2m1_pair_bf16<3>(w), sc));
 }
 
 // Converts token t's latent half staged in the part at `pb` (4 column blocks, the 128-byte
@@ -358,9 +357,10 @@ __device__ __forceinline__ void convert_half(uint8_t* pb, int t, int h, int bar)
 #pragma unroll
       for (int i = 0; i < kB; ++i) {  // code chunk x: dims 32 x .. 32 x + 31 (groups 2 x, 2 x + 1)
         const int x = kB * g + i;
-        const uint32_t sf2 = ptx::hmul2((x & 1) ? ptx::e4m3x2_hi_to_f16x2(gw[x >> 1]) : ptx::e4m3x2_to_f16x2(gw[x >> 1]),
-                                        0x58005800u);  // (sf0, sf1) x 128 in f16
-        const uint32_t sa = ptx::prmt(sf2, sf2, 0x1010), sb = ptx::prmt(sf2, sf2, 0x3232);
+        // (sf0, sf1) exactly in f16, then sf * 2^119 (at most 448 * 2^119 < 2^128) as bf16x2 pairs
+        const float2 sf = f16x2_to_f32x2((x & 1) ? ptx::e4m3x2_hi_to_f16x2(gw[x >> 1]) : ptx::e4m3x2_to_f16x2(gw[x >> 1]));
+        const uint32_t sa = mlakv::cuda::ptx::pack_bf16x2(sf.x * 0x1p119f, sf.x * 0x1p119f);
+        const uint32_t sb = mlakv::cuda::ptx::pack_bf16x2(sf.y * 0x1p119f, sf.y * 0x1p119f);
         *reinterpret_cast<uint4*>(chunk(x >> 1, 4 * (x & 1) + 0)) = e2m1x8_to_bf16(v[i].x, sa);
         *reinterpret_cast<uint4*>(chunk(x >> 1, 4 * (x & 1) + 1)) = e2m1x8_to_bf16(v[i].y, sa);
         *reinterpret_cast<uint4*>(chunk(x >> 1, 4 * (x & 1) + 2)) = e2m1x8_to_bf16(v[i].z, sb);
@@ -600,6 +600,13 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
           for (int x = 0; x < 4; ++x) {
             v[x] = gp::pack_bf16x2(__uint_as_float(v[x] << 16) * ms, __uint_as_float(v[x] & 0xFFFF0000u) * ms);
           }
+        }
+      }
+      if constexpr (kNatE2m1<F>) {
+        if (ch < kLatentDim / 8) {  // the e2m1 tile's dim order in a chunk: 0, 4, 1, 5, 2, 6, 3, 7
+          const uint32_t v0 = v[0], v1 = v[1], v2 = v[2], v3 = v[3];
+          v[0] = ptx::prmt(v0, v2, 0x5410), v[1] = ptx::prmt(v0, v2, 0x7632);
+          v[2] = ptx::prmt(v1, v3, 0x5410), v[3] = ptx::prmt(v1, v3, 0x7632);
         }
       }
 #pragma unroll
@@ -911,7 +918,15 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
     const bool lse_here = wg == 0 && c == 0;
     float* dst = result_row(p, b, split, i, hh, lse, lse_here);
     dst += 256 * wg + 2 * c;
-    if ((reinterpret_cast<uintptr_t>(dst) & 7) == 0) {
+    if constexpr (kNatE2m1<F>) {
+      // The e2m1 tile's columns 8 j + 2 c, 8 j + 2 c + 1 hold dims 8 j + c, 8 j + c + 4.
+      float* d = dst - c;
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        d[8 * j] = o[4 * j + 2 * h] * inv_l;
+        d[8 * j + 4] = o[4 * j + 2 * h + 1] * inv_l;
+      }
+    } else if ((reinterpret_cast<uintptr_t>(dst) & 7) == 0) {
       // 8-byte stores: a quad writes whole 32-byte sectors.
 #pragma unroll
       for (int j = 0; j < 32; ++j) *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(o[4 * j + 2 * h] * inv_l, o[4 * j + 2 * h + 1] * inv_l);

@@ -91,6 +91,18 @@ __device__ __forceinline__ uint32_t e2m1_pair(uint32_t x) {
   return (mag & 0x0E000E00u) | ((x << s_sign) & 0x80008000u);
 }
 
+// e2m1 nibbles J and J+4 of x -> bf16x2 of value * 2^-126, exactly: the code's magnitude
+// bits become the bf16 exponent's low bits and the mantissa's top bit (codes 2..7 normal,
+// code 1 (0.5) the subnormal 2^-127, code 0 zero), the sign bit 15 of each half. One shift
+// puts the magnitude at [8:6] and the sign at bit 9; adding 63 x (bit 9) moves the sign to
+// bit 15 (s - 2^9 + 2^15, no carry out of the half).
+template <int J>
+__device__ __forceinline__ uint32_t e2m1_pair_bf16(uint32_t x) {
+  constexpr int s_mag = 6 - 4 * J;
+  const uint32_t t = s_mag >= 0 ? (x << s_mag) : (x >> -s_mag);
+  return (t & 0x03C003C0u) + (t & 0x02000200u) * 63u;
+}
+
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   uint32_t r;
   asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
@@ -113,6 +125,14 @@ __device__ __forceinline__ uint32_t biased_u8x2_to_f16x2(uint32_t u) {
 __device__ __forceinline__ uint32_t hmul2(uint32_t a, uint32_t b) {
   uint32_t r;
   asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+
+// bf16x2 product, rounded to nearest (subnormal inputs and results kept: bf16 arithmetic
+// has no flush-to-zero form).
+__device__ __forceinline__ uint32_t hmul2_bf16(uint32_t a, uint32_t b) {
+  uint32_t r;
+  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
   return r;
 }
 
