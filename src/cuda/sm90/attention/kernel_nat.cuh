@@ -267,11 +267,12 @@ __device__ __forceinline__ uint4 e2m1x8_to_bf16(uint32_t w, uint32_t sc) {
 #define MLAKV_NAT_FP8_BATCH 4
 #endif
 #ifndef MLAKV_NAT_NVFP4_BATCH
-#define MLAKV_NAT_NVFP4_BATCH 2
+#define MLAKV_NAT_NVFP4_BATCH 4
 #endif
-// Code chunks loaded together per format (1, 2 or 4): fp8 4, e2m1 2 measured fastest on the
-// H200 (perf.md, seventh session: 2-6% over 2 / 1), at the price of a few spills of hoisted
-// addresses in the converters' 56 registers.
+// Code chunks loaded together per format (1, 2 or 4): fp8 4 measured fastest on the H200
+// (perf.md, seventh session: 2-6% over 2 / 1), e2m1 4 since its conversion went straight to
+// bf16 (eighth session: 0.5-2% over 2), at the price of a few spills of hoisted addresses in
+// the converters' 56 registers.
 template <KvFormat F>
 constexpr int kConvBatch = F == KvFormat::kFp8DsMla ? MLAKV_NAT_FP8_BATCH : MLAKV_NAT_NVFP4_BATCH;
 // The 368-byte records: converts token t's 8-bit rope staged in the rope block at `rb` (one
