@@ -499,6 +499,11 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
           if (part != kPartRope) {
             const int h = part - kPartL;
             ptx::mbar_wait(gp::smem_addr(&staged[h * kStages + k]), u & 1);
+#if defined(MLAKV_NAT_ABLATE_PART)
+            // (measurement only, wrong values: stage k's part k * 3 + part left unconverted;
+            // perf.md, "Eighth session", call 2)
+            if (k * 3 + part != MLAKV_NAT_ABLATE_PART)
+#endif
 #ifndef MLAKV_NAT_ABLATE_CONVERT
             convert_half<F>(stage + 4 * h * kBlockBytes, ct, h, kBarConv + k);
 #endif
