@@ -84,10 +84,17 @@ constexpr int kQBlockBytes = kRows * 128;           // 8 KB: one column block of
 constexpr int kQBytes = kBlocks * kQBlockBytes;     // 72 KB
 constexpr int kStages = 2;
 constexpr int kConsumerWarps = 8;
-constexpr int kThreads = 32 * kConsumerWarps + 128;  // + the producer warpgroup
+constexpr int kThreads = 32 * kConsumerWarps + 128;  // bf16: + the producer warpgroup
 constexpr int kConsumerRegs = 232, kProducerRegs = 32;  // (232 - 168) x 256 <= (168 - 32) x 128: the increase never waits
-// The quantized formats: consumers 224, converter warpgroup 56 ((224 - 168) x 256 <= (168 - 56) x 128).
-constexpr int kQuantConsumerRegs = 224, kConverterRegs = 56;
+// The quantized formats: + two converter warpgroups (one per stage), 512 threads launched
+// at 128 registers; consumers 224, converters 32 ((224 - 128) x 256 <= (128 - 32) x 256).
+constexpr int kConverterWarps = 8;
+constexpr int kQuantThreads = 32 * (kConsumerWarps + kConverterWarps);
+constexpr int kQuantConsumerRegs = 224, kConverterRegs = 32;
+static_assert((kQuantConsumerRegs - 65536 / kQuantThreads) * 256 <= (65536 / kQuantThreads - kConverterRegs) * 32 * kConverterWarps,
+              "the consumers' increase fits what the converters give back");
+template <KvFormat F>
+constexpr int kThreadsOf = F == KvFormat::kBf16 ? kThreads : kQuantThreads;
 // The three parts of a stage, each with its own full / empty barrier pair.
 constexpr int kPartRope = 0, kPartL = 1, kPartR = 2, kParts = 3;
 // misc: full[3][2], empty[3][2], then m0_ready, s1_ready, p0_ready, p1_ready, l_ready
@@ -106,7 +113,8 @@ constexpr float kLn2 = 0.6931471805599453f;
 // m + log2 l do not depend on which reference m is used).
 constexpr float kLazy = 8.0f;
 constexpr int kBarWg = 3, kBarAll = 5;  // named barriers: 3 + k = warpgroup k alone (128), 5 = both (after Q)
-constexpr int kBarConv = 6;             // 6 + k: the two converter warps of stage k (quantized formats)
+constexpr int kBarConv = 6;             // 6 + k: the 128 converters of stage k (quantized formats)
+constexpr int kBarConvA = 8;            // 8 + k: stage k's first-chunk converters have read their codes (e2m1 halves)
 
 // Byte offset of (row r, element k) inside a block of 64-element (128-byte) rows of the
 // 128-byte swizzled layout (what TMA writes with CU_TENSOR_MAP_SWIZZLE_128B into a 1024-B
@@ -174,6 +182,7 @@ struct Quant<KvFormat::kFp8DsMla> {
   static constexpr int kRopeCol = layout::fp8_ds_mla::kRopeOffset;        // bf16 rope, 128 B
   static constexpr bool kRopeConvert = false;
   static constexpr int raw_col(int h, int j) { return layout::fp8_ds_mla::kLatentOffset + 256 * h + 128 * j; }
+  static constexpr int raw_block(int j) { return 1 + 2 * j; }  // box j (scale tile 2 h + j) -> blocks 2 j, 2 j + 1
   static constexpr int kScaleCol = layout::fp8_ds_mla::kScaleOffset;      // 4 fp32 tile scales (16 B): half h reads 2 h, 2 h + 1
   static_assert(layout::fp8_ds_mla::kTileDim == 128 && layout::fp8_ds_mla::kNumTiles == 4 && layout::fp8_ds_mla::kRopeOffset % 16 == 0 && layout::fp8_ds_mla::kScaleOffset % 16 == 0,
                 "two 128-dim scale tiles per half, 16-byte aligned parts");
@@ -185,6 +194,7 @@ struct Quant<KvFormat::kNvfp4DsMla> {
   static constexpr int kRopeCol = layout::nvfp4_ds_mla::kRopeOffset;        // bf16 rope, 128 B
   static constexpr bool kRopeConvert = false;
   static constexpr int raw_col(int h, int /*j*/) { return layout::nvfp4_ds_mla::kLatentOffset + 128 * h; }
+  static constexpr int raw_block(int /*j*/) { return 3; }
   static constexpr int kScaleCol = layout::nvfp4_ds_mla::kScaleOffset;      // half h: the 16 group scales at + 16 h
   static_assert(layout::nvfp4_ds_mla::kGroupDim == 16 && layout::nvfp4_ds_mla::kNumGroups == 32 && layout::nvfp4_ds_mla::kRopeOffset % 16 == 0 && layout::nvfp4_ds_mla::kScaleOffset % 16 == 0,
                 "16 groups of 16 dims per half, 16-byte aligned parts");
@@ -206,6 +216,7 @@ struct Quant368 {
   static constexpr int kRopeScaleInBox = layout::nvfp4_ds_mla_fp8rope::kRopeScaleOffset - kRopeCol;  // 48
   static constexpr bool kRopeConvert = true;
   static constexpr int raw_col(int h, int /*j*/) { return layout::nvfp4_ds_mla::kLatentOffset + 128 * h; }
+  static constexpr int raw_block(int /*j*/) { return 3; }
   static constexpr int kScaleCol = layout::nvfp4_ds_mla::kScaleOffset;
   static_assert(kRecordBytes == 368 && kRopeCol % 16 == 0 && kRopeScaleInBox == 48 && kRopeCol + 128 == kRecordBytes &&
                     layout::nvfp4_ds_mla_fp8rope::kLatentOffset == layout::nvfp4_ds_mla::kLatentOffset &&
@@ -256,42 +267,43 @@ __device__ __forceinline__ uint4 e2m1x8_to_bf16(uint32_t w, uint32_t sc) {
 }
 
 // Converts token t's latent half staged in the part at `pb` (4 column blocks, the 128-byte
-// swizzled bf16 tile layout) in place: the raw code boxes sit in the part's last blocks,
-// the scale box's row t at pb + 16 t. Reads its scales, waits for the stage's other
-// converters to have read theirs (`bar`, 64 threads: the first outputs overwrite the
-// scale box), then walks its row's code chunks in order; each output chunk lands only on
-// code chunks of its own row that it has already read (fp8: box 0 (block 2) -> blocks 0,
-// 1; box 1 (block 3) -> block 2, then chunk x of block 3 -> chunks 2 (x - 4), 2 (x - 4) + 1;
-// nvfp4: codes in block 3, chunk x -> block x / 2, chunks 4 (x % 2) ..), so no other barrier.
+// swizzled bf16 tile layout) in place, two converters per token (role r = 0, 1: the half's
+// dims 128 r .. 128 r + 127, output blocks 2 r, 2 r + 1): the raw code boxes sit in the
+// part's blocks Quant<F>::raw_block, the scale box's row t at pb + 16 t. Each reads its
+// scales, waits for the stage's other converters to have read theirs (`bar`, 128 threads:
+// the first outputs overwrite the scale box), then walks its code chunks in order; each
+// output chunk lands only on code chunks of its own row that it has already read (fp8:
+// box r in block 1 + 2 r, chunk x -> block 2 r + x / 4, chunks 2 (x % 4), + 1; e2m1: codes
+// in block 3, chunk x -> block x / 2, chunks 4 (x % 2) ..; role 1's chunk 6 lands on role
+// 0's codes, after role 0 has read them (`bar_a`).
 #ifndef MLAKV_NAT_FP8_BATCH
-#define MLAKV_NAT_FP8_BATCH 4
+#define MLAKV_NAT_FP8_BATCH 2
 #endif
-#ifndef MLAKV_NAT_NVFP4_BATCH
-#define MLAKV_NAT_NVFP4_BATCH 4
-#endif
-// Code chunks loaded together per format (1, 2 or 4): fp8 4 measured fastest on the H200
-// (perf.md, seventh session: 2-6% over 2 / 1), e2m1 4 since its conversion went straight to
-// bf16 (eighth session: 0.5-2% over 2), at the price of a few spills of hoisted addresses in
-// the converters' 56 registers.
+// fp8 code chunks loaded together (1, 2 or 4): 2 in the converters' 32 registers (the e2m1
+// converters load 2 at a time).
 template <KvFormat F>
-constexpr int kConvBatch = F == KvFormat::kFp8DsMla ? MLAKV_NAT_FP8_BATCH : MLAKV_NAT_NVFP4_BATCH;
+constexpr int kConvBatch = MLAKV_NAT_FP8_BATCH;
 // The 368-byte records: converts token t's 8-bit rope staged in the rope block at `rb` (one
-// 128-byte box row from record byte 240, 128-byte swizzle) in place to 64 bf16: output chunk
-// c (dims 8 c .. 8 c + 7) comes from code chunk 4 + c / 2 and lands on chunk c, which this
-// thread has read already (the scale in chunk 3 first; chunk c >= 4 holds codes of outputs
-// 2 (c - 4), 2 (c - 4) + 1, converted before). bf16(e4m3 * rs) or bf16(int8 * rs), the
-// reference decode rounded as the bf16 emulation does.
+// 128-byte box row from record byte 240, 128-byte swizzle) in place to 64 bf16, two
+// converters per token: role r turns code chunks 4 + 2 r, 5 + 2 r (dims 32 r .. 32 r + 31)
+// into output chunks 4 r .. 4 r + 3. Both read the scale (chunk 3) and their codes before
+// the stage's barrier `bar` (128 threads): role 0's outputs overwrite the scale, role 1's
+// role 0's codes. bf16(e4m3 * rs) or bf16(int8 * rs), the reference decode rounded as the
+// bf16 emulation does.
 template <KvFormat F>
-__device__ __forceinline__ void convert_rope(uint8_t* rb, int t) {
+__device__ __forceinline__ void convert_rope(uint8_t* rb, int t, int r, int bar) {
   const int sw = t & 7;
   uint8_t* row = rb + t * 128;
   auto chunk = [&](int c) __attribute__((always_inline)) { return row + ((c ^ sw) << 4); };
   const float rs = *reinterpret_cast<const float*>(chunk(Quant<F>::kRopeScaleInBox / 16) + Quant<F>::kRopeScaleInBox % 16);
+  uint4 v[2];
+#pragma unroll
+  for (int q = 0; q < 2; ++q) v[q] = *reinterpret_cast<const uint4*>(chunk(4 + 2 * r + q));
+  ptx::named_barrier(bar, 128);
   namespace gp = mlakv::cuda::ptx;
 #pragma unroll
-  for (int q = 0; q < 4; ++q) {  // code chunk 4 + q: dims 16 q .. 16 q + 15 -> output chunks 2 q, 2 q + 1
-    const uint4 v = *reinterpret_cast<const uint4*>(chunk(4 + q));
-    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+  for (int q = 0; q < 2; ++q) {  // code chunk 4 + 2 r + q: dims 16 (2 r + q) .. + 15 -> output chunks 2 (2 r + q), + 1
+    const uint32_t w[4] = {v[q].x, v[q].y, v[q].z, v[q].w};
     uint32_t o[8];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -306,67 +318,77 @@ __device__ __forceinline__ void convert_rope(uint8_t* rb, int t) {
       o[2 * i] = gp::pack_bf16x2(x[0] * rs, x[1] * rs);
       o[2 * i + 1] = gp::pack_bf16x2(x[2] * rs, x[3] * rs);
     }
-    *reinterpret_cast<uint4*>(chunk(2 * q)) = make_uint4(o[0], o[1], o[2], o[3]);
-    *reinterpret_cast<uint4*>(chunk(2 * q + 1)) = make_uint4(o[4], o[5], o[6], o[7]);
+    const int c = 2 * (2 * r + q);
+    *reinterpret_cast<uint4*>(chunk(c)) = make_uint4(o[0], o[1], o[2], o[3]);
+    *reinterpret_cast<uint4*>(chunk(c + 1)) = make_uint4(o[4], o[5], o[6], o[7]);
   }
 }
 
 template <KvFormat F>
-__device__ __forceinline__ void convert_half(uint8_t* pb, int t, int h, int bar) {
+__device__ __forceinline__ void convert_half(uint8_t* pb, int t, int r, int h, int bar, int bar_a) {
   const int sw = t & 7;
   uint8_t* row = pb + t * 128;
   auto chunk = [&](int blk, int c) __attribute__((always_inline)) { return row + blk * kBlockBytes + ((c ^ sw) << 4); };
-  // Code chunks are loaded kConvBatch<F> at a time before any of their outputs is stored (the
-  // stores may alias the loads as far as the compiler knows, so each batch's loads go
-  // together); a batch's outputs land only on chunks this thread has already loaded.
-  constexpr int kB = kConvBatch<F>;
-  static_assert(kB == 1 || kB == 2 || kB == 4);
   if constexpr (F == KvFormat::kFp8DsMla) {
-    const float2 sc = *reinterpret_cast<const float2*>(pb + t * 16 + 8 * h);  // tile scales 2 h, 2 h + 1
-    ptx::named_barrier(bar, 64);
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const float s = j ? sc.y : sc.x;
-#pragma unroll
-      for (int g = 0; g < 8 / kB; ++g) {
-        uint4 v[kB];
-#pragma unroll
-        for (int i = 0; i < kB; ++i) v[i] = *reinterpret_cast<const uint4*>(chunk(2 + j, kB * g + i));
-#pragma unroll
-        for (int i = 0; i < kB; ++i) {
-          uint32_t o[8];
-          e4m3x4_to_bf16(v[i].x, s, o[0], o[1]);
-          e4m3x4_to_bf16(v[i].y, s, o[2], o[3]);
-          e4m3x4_to_bf16(v[i].z, s, o[4], o[5]);
-          e4m3x4_to_bf16(v[i].w, s, o[6], o[7]);
-          const int x = kB * g + i, blk = 2 * j + (x >> 2), c0 = 2 * (x & 3);
-          *reinterpret_cast<uint4*>(chunk(blk, c0)) = make_uint4(o[0], o[1], o[2], o[3]);
-          *reinterpret_cast<uint4*>(chunk(blk, c0 + 1)) = make_uint4(o[4], o[5], o[6], o[7]);
-        }
-      }
-    }
-  } else {
-    static_assert(kNatE2m1<F>);
-    const uint4 gsc = *reinterpret_cast<const uint4*>(pb + t * 16);  // group scale codes 16 h .. 16 h + 15
-    ptx::named_barrier(bar, 64);
-    const uint32_t gw[4] = {gsc.x, gsc.y, gsc.z, gsc.w};
+    // Role r: code box r (tile scale 2 h + r, staged in block 1 + 2 r) -> blocks 2 r, 2 r + 1.
+    const float s = *reinterpret_cast<const float*>(pb + t * 16 + 8 * h + 4 * r);
+    ptx::named_barrier(bar, 128);  // every converter of the stage has read its scale
+    constexpr int kB = kConvBatch<F>;
+    static_assert(kB == 1 || kB == 2 || kB == 4);
+    const int cb = Quant<F>::raw_block(r);
 #pragma unroll
     for (int g = 0; g < 8 / kB; ++g) {
       uint4 v[kB];
 #pragma unroll
-      for (int i = 0; i < kB; ++i) v[i] = *reinterpret_cast<const uint4*>(chunk(3, kB * g + i));
+      for (int i = 0; i < kB; ++i) v[i] = *reinterpret_cast<const uint4*>(chunk(cb, kB * g + i));
 #pragma unroll
-      for (int i = 0; i < kB; ++i) {  // code chunk x: dims 32 x .. 32 x + 31 (groups 2 x, 2 x + 1)
-        const int x = kB * g + i;
-        // (sf0, sf1) exactly in f16, then sf * 2^119 (at most 448 * 2^119 < 2^128) as bf16x2 pairs
-        const float2 sf = f16x2_to_f32x2((x & 1) ? ptx::e4m3x2_hi_to_f16x2(gw[x >> 1]) : ptx::e4m3x2_to_f16x2(gw[x >> 1]));
-        const uint32_t sa = mlakv::cuda::ptx::pack_bf16x2(sf.x * 0x1p119f, sf.x * 0x1p119f);
-        const uint32_t sb = mlakv::cuda::ptx::pack_bf16x2(sf.y * 0x1p119f, sf.y * 0x1p119f);
-        *reinterpret_cast<uint4*>(chunk(x >> 1, 4 * (x & 1) + 0)) = e2m1x8_to_bf16(v[i].x, sa);
-        *reinterpret_cast<uint4*>(chunk(x >> 1, 4 * (x & 1) + 1)) = e2m1x8_to_bf16(v[i].y, sa);
-        *reinterpret_cast<uint4*>(chunk(x >> 1, 4 * (x & 1) + 2)) = e2m1x8_to_bf16(v[i].z, sb);
-        *reinterpret_cast<uint4*>(chunk(x >> 1, 4 * (x & 1) + 3)) = e2m1x8_to_bf16(v[i].w, sb);
+      for (int i = 0; i < kB; ++i) {
+        uint32_t o[8];
+        e4m3x4_to_bf16(v[i].x, s, o[0], o[1]);
+        e4m3x4_to_bf16(v[i].y, s, o[2], o[3]);
+        e4m3x4_to_bf16(v[i].z, s, o[4], o[5]);
+        e4m3x4_to_bf16(v[i].w, s, o[6], o[7]);
+        const int x = kB * g + i, blk = 2 * r + (x >> 2), c0 = 2 * (x & 3);
+        *reinterpret_cast<uint4*>(chunk(blk, c0)) = make_uint4(o[0], o[1], o[2], o[3]);
+        *reinterpret_cast<uint4*>(chunk(blk, c0 + 1)) = make_uint4(o[4], o[5], o[6], o[7]);
       }
+    }
+  } else {
+    static_assert(kNatE2m1<F>);
+    // Role r: code chunks 4 r .. 4 r + 3 of block 3 (groups 16 h + 8 r ..) -> blocks 2 r, 2 r + 1.
+    const uint2 gsc = *reinterpret_cast<const uint2*>(pb + t * 16 + 8 * r);
+    ptx::named_barrier(bar, 128);  // every converter of the stage has read its scales
+    auto convert = [&](const uint4& v, int x) __attribute__((always_inline)) {  // code chunk x: dims 32 x .. 32 x + 31
+      // (sf0, sf1) exactly in f16, then sf * 2^119 (at most 448 * 2^119 < 2^128) as bf16x2 pairs
+      const uint32_t gw = (x & 2) ? gsc.y : gsc.x;
+      const float2 sf = f16x2_to_f32x2((x & 1) ? ptx::e4m3x2_hi_to_f16x2(gw) : ptx::e4m3x2_to_f16x2(gw));
+      const uint32_t sa = mlakv::cuda::ptx::pack_bf16x2(sf.x * 0x1p119f, sf.x * 0x1p119f);
+      const uint32_t sb = mlakv::cuda::ptx::pack_bf16x2(sf.y * 0x1p119f, sf.y * 0x1p119f);
+      const int blk = x >> 1, c0 = 4 * (x & 1);
+      *reinterpret_cast<uint4*>(chunk(blk, c0 + 0)) = e2m1x8_to_bf16(v.x, sa);
+      *reinterpret_cast<uint4*>(chunk(blk, c0 + 1)) = e2m1x8_to_bf16(v.y, sa);
+      *reinterpret_cast<uint4*>(chunk(blk, c0 + 2)) = e2m1x8_to_bf16(v.z, sb);
+      *reinterpret_cast<uint4*>(chunk(blk, c0 + 3)) = e2m1x8_to_bf16(v.w, sb);
+    };
+    // Chunk x's outputs land on block x / 2: role 0's on blocks 0, 1 (no codes), role 1's
+    // chunk 7 on its own chunks 4..7 of block 3, chunk 6 on role 0's chunks 0..3 - after
+    // role 0 has read them (bar_a).
+    if (r == 0) {
+      uint4 a = *reinterpret_cast<const uint4*>(chunk(3, 0)), b = *reinterpret_cast<const uint4*>(chunk(3, 1));
+      convert(a, 0);
+      convert(b, 1);
+      a = *reinterpret_cast<const uint4*>(chunk(3, 2)), b = *reinterpret_cast<const uint4*>(chunk(3, 3));
+      ptx::named_barrier_arrive(bar_a, 128);
+      convert(a, 2);
+      convert(b, 3);
+    } else {
+      uint4 a = *reinterpret_cast<const uint4*>(chunk(3, 4)), b = *reinterpret_cast<const uint4*>(chunk(3, 5));
+      convert(a, 4);
+      convert(b, 5);
+      a = *reinterpret_cast<const uint4*>(chunk(3, 6)), b = *reinterpret_cast<const uint4*>(chunk(3, 7));
+      convert(b, 7);
+      ptx::named_barrier(bar_a, 128);
+      convert(a, 6);
     }
   }
 }
@@ -379,7 +401,7 @@ __device__ __forceinline__ void convert_half(uint8_t* pb, int t, int h, int bar)
 // record_bytes] bytes with boxes of 128 bytes (128-byte swizzle: the rope and the code
 // boxes), tmap16 the same bytes with boxes of 16 (no swizzle: the scale field).
 template <KvFormat F>
-__global__ void __launch_bounds__(nat::kThreads, 1)
+__global__ void __launch_bounds__(nat::kThreadsOf<F>, 1)
     attention_nat_kernel(const __grid_constant__ kernels::AttentionParams p, const __grid_constant__ CUtensorMap tmap,
                          const __grid_constant__ CUtensorMap tmap16) {
 #if MLAKV_SM90_DEVICE
@@ -421,7 +443,7 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
   if (tid == 0) {
     for (int i = 0; i < kParts * kStages; ++i) {
       // The quantized formats' V halves are full when both converter warps of the stage arrive.
-      ptx::mbar_init(gp::smem_addr(&full[i]), (kQuant && i >= kPartL * kStages) || (kRopeConv && i < kStages) ? 64 : 1);
+      ptx::mbar_init(gp::smem_addr(&full[i]), (kQuant && i >= kPartL * kStages) || (kRopeConv && i < kStages) ? 128 : 1);
       ptx::mbar_init(gp::smem_addr(&empty[i]), 128);
     }
     for (int i = 0; i < 3 * kStages; ++i) ptx::mbar_init(gp::smem_addr(&staged[i]), 1);
@@ -434,11 +456,13 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
   if constexpr (kQuant) {
     if (warp >= kConsumerWarps) {
       ptx::setmaxnreg_dec<kConverterRegs>();
-      // ---- stage k's two converter warps 8 + 2 k, 9 + 2 k: the first also walks the block
-      // table and issues the TMA boxes; thread ct converts token ct of each tile half ----
+      // ---- stage k's four converter warps 8 + 4 k .. 11 + 4 k: the first also walks the
+      // block table and issues the TMA boxes; thread ct converts part ct / 64 of token ct % 64
+      // of each tile half (and rope) ----
       using Q = Quant<F>;
-      const int k = (warp - kConsumerWarps) >> 1, ct = ((warp - kConsumerWarps) & 1) * 32 + lane;
-      const bool issuer = ((warp - kConsumerWarps) & 1) == 0;
+      const int k = (warp - kConsumerWarps) >> 2, ct = ((warp - kConsumerWarps) & 3) * 32 + lane;
+      const int tok = ct & 63, role = ct >> 6;
+      const bool issuer = ((warp - kConsumerWarps) & 3) == 0;
       const int br = p.block_size < kTile ? p.block_size : kTile;
       const int n_box = kTile / br;
       const int tiles_per_lookup = 32 / n_box;
@@ -482,7 +506,7 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
               if (row >= 0) {
 #pragma unroll
                 for (int j = 0; j < Q::kRawBoxes; ++j) {
-                  ptx::tma_load_2d(gp::smem_addr(pb + (4 - Q::kRawBoxes + j) * kBlockBytes + lane * br * 128), &tmap,
+                  ptx::tma_load_2d(gp::smem_addr(pb + Q::raw_block(j) * kBlockBytes + lane * br * 128), &tmap,
                                    Q::raw_col(h, j), static_cast<int>(row), bar);
                 }
                 ptx::tma_load_2d(gp::smem_addr(pb + lane * br * 16), &tmap16, Q::kScaleCol + (F == KvFormat::kFp8DsMla ? 0 : 16 * h),
@@ -492,7 +516,7 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
           }
           if (kRopeConv && part == kPartRope) {
             ptx::mbar_wait(gp::smem_addr(&staged[2 * kStages + k]), u & 1);
-            if constexpr (kRopeConv) convert_rope<F>(stage + 8 * kBlockBytes, ct);
+            if constexpr (kRopeConv) convert_rope<F>(stage + 8 * kBlockBytes, tok, role, kBarConv + k);
             ptx::fence_proxy_async();
             ptx::mbar_arrive(gp::smem_addr(&full[kPartRope * kStages + k]));
           }
@@ -505,7 +529,7 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
             if (k * 3 + part != MLAKV_NAT_ABLATE_PART)
 #endif
 #ifndef MLAKV_NAT_ABLATE_CONVERT
-            convert_half<F>(stage + 4 * h * kBlockBytes, ct, h, kBarConv + k);
+            convert_half<F>(stage + 4 * h * kBlockBytes, tok, role, h, kBarConv + k, kBarConvA + k);
 #endif
             ptx::fence_proxy_async();
             ptx::mbar_arrive(gp::smem_addr(&full[part * kStages + k]));
@@ -799,12 +823,30 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
   };
   // O += P V over this warpgroup's V half of the other warpgroup's tile, P from shared memory
   // (the other warpgroup's hand-off `ready`; `full`: that tile's V half landed).
+  // O += P V for one k16 step: one m64n256k16 (bf16: 384 threads), or two m64n128k16 over
+  // the half's column blocks 0, 1 and 2, 3 (the quantized formats' 512-thread CTAs).
+  auto pv_ss = [&](uint64_t da, uint64_t db) __attribute__((always_inline)) {
+    if constexpr (kQuant) {
+      ptx::wgmma_n128_bf16_ss(o, da, db, 1);
+      ptx::wgmma_n128_bf16_ss(o + 64, da, db + ((2 * kBlockBytes) >> 4), 1);
+    } else {
+      ptx::wgmma_n256_bf16_ss(o, da, db, 1);
+    }
+  };
+  auto pv_rs = [&](const uint32_t (&a)[4], uint64_t db) __attribute__((always_inline)) {
+    if constexpr (kQuant) {
+      ptx::wgmma_n128_bf16_rs(o, a, db, 1);
+      ptx::wgmma_n128_bf16_rs(o + 64, a, db + ((2 * kBlockBytes) >> 4), 1);
+    } else {
+      ptx::wgmma_n256_bf16_rs(o, a, db, 1);
+    }
+  };
   auto pv_other = [&](uint64_t* ready, uint64_t* full_half, uint32_t ph, uint64_t dp, uint64_t dv) __attribute__((always_inline)) {
     ptx::mbar_wait(gp::smem_addr(ready), ph);
     ptx::mbar_wait(gp::smem_addr(full_half), ph);
     ptx::wg_fence();
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) ptx::wgmma_n256_bf16_ss(o, dp + ((kk * 32) >> 4), dv + ((kk * 2048) >> 4), 1);
+    for (int kk = 0; kk < 4; ++kk) pv_ss(dp + ((kk * 32) >> 4), dv + ((kk * 2048) >> 4));
     ptx::wg_commit();
   };
   if (n_steps > 0) {
@@ -832,7 +874,7 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
       scale_o(a0[0], a0[1]);
       ptx::wg_fence();
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) ptx::wgmma_n256_bf16_rs(o, pa[kk], dv0 + ((kk * 2048) >> 4), 1);
+      for (int kk = 0; kk < 4; ++kk) pv_rs(pa[kk], dv0 + ((kk * 2048) >> 4));
       ptx::wg_commit();
       // m1 and e^(m0 - m1) from warpgroup 1; P_a rescaled to m1 for its O_R.
       ptx::mbar_wait(gp::smem_addr(s1_ready), ph);
@@ -874,7 +916,7 @@ __global__ void __launch_bounds__(nat::kThreads, 1)
       scale_o(a01[0], a01[1]);
       ptx::wg_fence();
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) ptx::wgmma_n256_bf16_rs(o, pa[kk], dv1 + ((kk * 2048) >> 4), 1);
+      for (int kk = 0; kk < 4; ++kk) pv_rs(pa[kk], dv1 + ((kk * 2048) >> 4));
       ptx::wg_commit();
       store_p(p1s, pa);
       ptx::mbar_arrive(gp::smem_addr(p1_ready));
@@ -984,7 +1026,7 @@ template <KvFormat F>
 int nat_ctas_per_sm() {
   if (nat_configure<F>() != 0) return 0;
   int n = 0;
-  const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attention_nat_kernel<F>, nat::kThreads, nat::kSmemBytes);
+  const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attention_nat_kernel<F>, nat::kThreadsOf<F>, nat::kSmemBytes);
   return e == cudaSuccess ? n : 0;
 }
 
@@ -1027,7 +1069,7 @@ int nat_launch(const kernels::AttentionParams& kp, int row_blocks, void* stream)
   }
   if (r != CUDA_SUCCESS) return static_cast<int>(cudaErrorInvalidValue);
   const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(kp.B), static_cast<unsigned>(kp.num_splits));
-  attention_nat_kernel<F><<<grid, nat::kThreads, nat::kSmemBytes, static_cast<cudaStream_t>(stream)>>>(kp, map, map16);
+  attention_nat_kernel<F><<<grid, nat::kThreadsOf<F>, nat::kSmemBytes, static_cast<cudaStream_t>(stream)>>>(kp, map, map16);
   return static_cast<int>(cudaGetLastError());
 }
 
