@@ -100,9 +100,10 @@ constexpr int kPartRope = 0, kPartL = 1, kPartR = 2, kParts = 3;
 // misc: full[3][2], empty[3][2], then m0_ready, s1_ready, p0_ready, p1_ready, l_ready
 // (8 B each); vmask[2] (8 B each); the rows' m0, e^(m - m0), m1, e^(m0 - m1) (64 fp32
 // each); the final row sums of both warpgroups (2 x 64 fp32).
-// The quantized formats add staged[3][2] (a part's codes and scales landed, before conversion:
-// the halves, and the rope of the 368-byte records).
-constexpr int kNumBars = 2 * kParts * kStages + 5 + 3 * kStages;
+// The quantized formats add staged[4][2] (a part's codes and scales landed, before conversion:
+// the halves, and the rope of the 368-byte records; staged[6 + stage]: role 0's converters
+// have read an e2m1 half's codes, 64 arrivals).
+constexpr int kNumBars = 2 * kParts * kStages + 5 + 4 * kStages;
 constexpr int kMiscBytes = 8 * kNumBars + 8 * kStages + 4 * 64 * 4 + 2 * 64 * 4;
 constexpr int kSmemBytes = 1024 + kQBytes + kQBlockBytes + kStages * kStageBytes + kMiscBytes;  // + 1 KB for the 1024-B alignment
 static_assert(kSmemBytes <= 227 * 1024, "one CTA per SM");
@@ -114,7 +115,6 @@ constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kLazy = 8.0f;
 constexpr int kBarWg = 3, kBarAll = 5;  // named barriers: 3 + k = warpgroup k alone (128), 5 = both (after Q)
 constexpr int kBarConv = 6;             // 6 + k: the 128 converters of stage k (quantized formats)
-constexpr int kBarConvA = 8;            // 8 + k: stage k's first-chunk converters have read their codes (e2m1 halves)
 
 // Byte offset of (row r, element k) inside a block of 64-element (128-byte) rows of the
 // 128-byte swizzled layout (what TMA writes with CU_TENSOR_MAP_SWIZZLE_128B into a 1024-B
@@ -275,7 +275,8 @@ __device__ __forceinline__ uint4 e2m1x8_to_bf16(uint32_t w, uint32_t sc) {
 // output chunk lands only on code chunks of its own row that it has already read (fp8:
 // box r in block 1 + 2 r, chunk x -> block 2 r + x / 4, chunks 2 (x % 4), + 1; e2m1: codes
 // in block 3, chunk x -> block x / 2, chunks 4 (x % 2) ..; role 1's chunk 6 lands on role
-// 0's codes, after role 0 has read them (`bar_a`).
+// 0's codes, after role 0 has read them (the mbarrier `read_a`: role 0's 64 threads arrive
+// once per e2m1 half, role 1 waits for the phase `read_a_phase`).
 #ifndef MLAKV_NAT_FP8_BATCH
 #define MLAKV_NAT_FP8_BATCH 2
 #endif
@@ -325,7 +326,7 @@ __device__ __forceinline__ void convert_rope(uint8_t* rb, int t, int r, int bar)
 }
 
 template <KvFormat F>
-__device__ __forceinline__ void convert_half(uint8_t* pb, int t, int r, int h, int bar, int bar_a) {
+__device__ __forceinline__ void convert_half(uint8_t* pb, int t, int r, int h, int bar, uint32_t read_a, uint32_t read_a_phase) {
   const int sw = t & 7;
   uint8_t* row = pb + t * 128;
   auto chunk = [&](int blk, int c) __attribute__((always_inline)) { return row + blk * kBlockBytes + ((c ^ sw) << 4); };
@@ -372,13 +373,13 @@ __device__ __forceinline__ void convert_half(uint8_t* pb, int t, int r, int h, i
     };
     // Chunk x's outputs land on block x / 2: role 0's on blocks 0, 1 (no codes), role 1's
     // chunk 7 on its own chunks 4..7 of block 3, chunk 6 on role 0's chunks 0..3 - after
-    // role 0 has read them (bar_a).
+    // role 0 has read them (read_a).
     if (r == 0) {
       uint4 a = *reinterpret_cast<const uint4*>(chunk(3, 0)), b = *reinterpret_cast<const uint4*>(chunk(3, 1));
       convert(a, 0);
       convert(b, 1);
       a = *reinterpret_cast<const uint4*>(chunk(3, 2)), b = *reinterpret_cast<const uint4*>(chunk(3, 3));
-      ptx::named_barrier_arrive(bar_a, 128);
+      ptx::mbar_arrive(read_a);
       convert(a, 2);
       convert(b, 3);
     } else {
@@ -387,7 +388,7 @@ __device__ __forceinline__ void convert_half(uint8_t* pb, int t, int r, int h, i
       convert(b, 5);
       a = *reinterpret_cast<const uint4*>(chunk(3, 6)), b = *reinterpret_cast<const uint4*>(chunk(3, 7));
       convert(b, 7);
-      ptx::named_barrier(bar_a, 128);
+      ptx::mbar_wait(read_a, read_a_phase);
       convert(a, 6);
     }
   }
@@ -447,6 +448,7 @@ __global__ void __launch_bounds__(nat::kThreadsOf<F>, 1)
       ptx::mbar_init(gp::smem_addr(&empty[i]), 128);
     }
     for (int i = 0; i < 3 * kStages; ++i) ptx::mbar_init(gp::smem_addr(&staged[i]), 1);
+    for (int i = 3 * kStages; i < 4 * kStages; ++i) ptx::mbar_init(gp::smem_addr(&staged[i]), 64);
     for (uint64_t* bar = m0_ready; bar != l_ready; ++bar) ptx::mbar_init(gp::smem_addr(bar), 128);
     ptx::mbar_init(gp::smem_addr(l_ready), 256);
     ptx::mbar_init_fence();
@@ -523,13 +525,10 @@ __global__ void __launch_bounds__(nat::kThreadsOf<F>, 1)
           if (part != kPartRope) {
             const int h = part - kPartL;
             ptx::mbar_wait(gp::smem_addr(&staged[h * kStages + k]), u & 1);
-#if defined(MLAKV_NAT_ABLATE_PART)
-            // (measurement only, wrong values: stage k's part k * 3 + part left unconverted;
-            // perf.md, "Eighth session", call 2)
-            if (k * 3 + part != MLAKV_NAT_ABLATE_PART)
-#endif
 #ifndef MLAKV_NAT_ABLATE_CONVERT
-            convert_half<F>(stage + 4 * h * kBlockBytes, tok, role, h, kBarConv + k, kBarConvA + k);
+            // read_a completes once per converted half: this crew's (2 u + o - 1)-th.
+            convert_half<F>(stage + 4 * h * kBlockBytes, tok, role, h, kBarConv + k, gp::smem_addr(&staged[3 * kStages + k]),
+                            static_cast<uint32_t>(o - 1));
 #endif
             ptx::fence_proxy_async();
             ptx::mbar_arrive(gp::smem_addr(&full[part * kStages + k]));
