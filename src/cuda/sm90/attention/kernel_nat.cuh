@@ -3,14 +3,16 @@
 // tile is read by the tensor cores straight from shared memory as bf16, both as K^T
 // (S = Q K^T) and as V (O = P V). bf16 records land in the tile by TMA as they are; the
 // quantized formats' bytes are staged by TMA inside the tile's own column blocks and
-// converted there in place by the producer warpgroup (the converter warps, below).
+// converted there in place by two converter warpgroups (below).
 //
-// One CTA = 64 query rows x one KV split of one request (rows i * H + h), 384 threads:
-//  - the quantized formats (Quant<F>): warps 8 + 2 k and 9 + 2 k convert the tiles of stage
-//    k, one thread per token (the first warp also walks the block table and issues the
-//    boxes), each part in release order: wait for it to be empty, stage its codes and
+// One CTA = 64 query rows x one KV split of one request (rows i * H + h), 384 threads for
+// bf16, 512 for the quantized formats:
+//  - the quantized formats (Quant<F>): warps 8 + 4 k .. 11 + 4 k convert the tiles of
+//    stage k, two threads per token (the first warp also walks the block table and issues
+//    the boxes), each part in release order: wait for it to be empty, stage its codes and
 //    scales, convert in place (convert_half, convert_rope), fence, arrive on its full
-//    barrier (64 threads);
+//    barrier (128 threads). (A 512-thread CTA compiles at a register target of 128, so its
+//    P V wgmmas are m64n128k16 pairs: an m64n256k16 needs 158.);
 //  - bf16: warps 8 and 9, the producers (warps 10 and 11 exit at once; setmaxnreg gives their
 //    registers to the consumers): warp 8 + k loads the tiles of stage k (tiles t with
 //    t % 2 == k) of a two-stage ring of 64-token tiles, walking the block table (one
