@@ -673,6 +673,96 @@ TEST(LatentTransformFold, RunnerIsExactToRoundingWithLosslessRecords) {
   EXPECT_FALSE(m->fold_latent_transform(random_transform(m->num_layers() + 1, false)).ok());
 }
 
+// A transformed cache must be written with the transform's nvfp4 group-scale choice: the
+// writers apply the cache layer's mode, the file says which one the calibration used, and a
+// cache of the other mode would silently write other records (readers cannot tell). Each
+// mismatch is refused naming both modes; the matching cache (transform_layer_formats) runs.
+// The same for evaluate() (next test): a spec with a transform and the per-token scale mode
+// ran as the transform's cache without the mode (the row said token_scale, nvfp4_scales rn,
+// the records were static-scale search ones); it is refused.
+TEST(LatentTransformFold, ForwardRefusesACacheOfAnotherNvfp4ScaleMode) {
+  auto m = load_model(kTiny);
+  ASSERT_TRUE(m);
+  std::vector<int32_t> toks = {1, 2, 3, 4};
+  std::vector<float> logits(static_cast<std::size_t>(m->vocab_size()));
+  const TensorView lv = TensorView::contiguous(logits.data(), DType::kF32, {1, m->vocab_size()});
+  for (Nvfp4ScaleMode file_mode : {Nvfp4ScaleMode::kSearch, Nvfp4ScaleMode::kRn}) {
+    LatentTransform t = random_transform(m->num_layers(), false);
+    t.nvfp4_scales = file_mode;
+    auto ft = m->fold_latent_transform(t);
+    ASSERT_TRUE(ft.ok()) << ft.status().to_string();
+    ForwardOptions fo;
+    fo.transform = ft->get();
+    auto layers = m->transform_layer_formats(KvFormat::kNvfp4DsMla, t);
+    ASSERT_TRUE(layers.ok());
+    for (const LayerFormat& lf : *layers) ASSERT_EQ(lf.nvfp4_scales, file_mode);
+    {
+      auto cache = m->create_cache(*layers, 8, 16);
+      ASSERT_TRUE(cache.ok());
+      const SeqId s = (*cache)->add_sequence();
+      const Status st = m->forward(**cache, s, std::span<const int32_t>(toks.data(), 1), lv, fo);
+      EXPECT_TRUE(st.ok()) << st.to_string();
+    }
+    // The other mode on the last layer only: the check covers every layer.
+    const Nvfp4ScaleMode other = file_mode == Nvfp4ScaleMode::kSearch ? Nvfp4ScaleMode::kRn : Nvfp4ScaleMode::kSearch;
+    std::vector<LayerFormat> wrong = *layers;
+    wrong.back().nvfp4_scales = other;
+    auto cache = m->create_cache(wrong, 8, 16);
+    ASSERT_TRUE(cache.ok());
+    const SeqId s = (*cache)->add_sequence();
+    const Status st = m->forward(**cache, s, std::span<const int32_t>(toks.data(), 1), lv, fo);
+    ASSERT_FALSE(st.ok());
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+    const std::string want = "cache layer " + std::to_string(m->num_layers() - 1) +
+                             " (nvfp4_ds_mla) writes nvfp4 group scales '" +
+                             std::string(nvfp4_scale_mode_name(other)) +
+                             "', the latent transform's nvfp4_scales is '" +
+                             std::string(nvfp4_scale_mode_name(file_mode)) + "'";
+    EXPECT_NE(st.message().find(want), std::string::npos) << st.message();
+    // Validation changes nothing: the refused call appended no token.
+    EXPECT_EQ(*(*cache)->blocks().length(s), 0);
+  }
+  // A transform with s_l = 1.0 on a per-token-scale cache (which passes the outer-scale
+  // check) and the search in its file: refused, naming the mode.
+  LatentTransform t = random_transform(m->num_layers(), false);
+  for (auto& l : t.layers) l.outer_scale = 1.0f;
+  t.nvfp4_scales = Nvfp4ScaleMode::kSearch;
+  auto ft = m->fold_latent_transform(t);
+  ASSERT_TRUE(ft.ok());
+  ForwardOptions fo;
+  fo.transform = ft->get();
+  LayerFormat tok{KvFormat::kNvfp4DsMla, 1.0f};
+  tok.token_scale = true;
+  auto cache = m->create_cache({tok}, 8, 16);
+  ASSERT_TRUE(cache.ok()) << cache.status().to_string();
+  const SeqId s = (*cache)->add_sequence();
+  const Status st = m->forward(**cache, s, std::span<const int32_t>(toks.data(), 1), lv, fo);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("per-token scale mode) writes nvfp4 group scales 'rn', the latent transform's "
+                              "nvfp4_scales is 'search'"),
+            std::string::npos)
+      << st.message();
+}
+
+TEST(LatentTransformFold, EvaluateRefusesTheTokenScaleModeWithATransform) {
+  auto m = load_model(kTiny);
+  ASSERT_TRUE(m);
+  LatentTransform t = random_transform(m->num_layers(), false);
+  t.nvfp4_scales = Nvfp4ScaleMode::kSearch;
+  auto ft = m->fold_latent_transform(t);
+  ASSERT_TRUE(ft.ok());
+  EvalCacheSpec spec{KvFormat::kNvfp4DsMla, {}, "auto", *ft, "mlakv"};
+  spec.token_scale = true;
+  std::vector<int32_t> text(64);
+  for (std::size_t i = 0; i < text.size(); ++i) text[i] = static_cast<int32_t>(i % 7 + 1);
+  const std::vector<EvalCacheSpec> specs = {spec};
+  auto rep = evaluate(*m, text, specs, {.context = 32, .windows = 1, .block_size = 16});
+  ASSERT_FALSE(rep.ok());
+  EXPECT_NE(rep.status().message().find("the per-token scale mode and a latent transform"), std::string::npos)
+      << rep.status().message();
+  EXPECT_NE(rep.status().message().find("nvfp4_scales 'search'"), std::string::npos) << rep.status().message();
+}
+
 // The SIMD writer with a transform stores exactly what the scalar codec stores for the
 // transformed latent (LatentTransformKernel::latent / rope, then PagedKvCache::write).
 TEST(LatentTransformWriter, MatchesTheScalarCodecOnTransformedInputs) {

@@ -52,7 +52,8 @@ struct EvalCacheSpec {
   // The recipe for the report: "none" (uncalibrated), "fork" (outer scales), "mlakv".
   std::string recipe = "none";
   // The nvfp4 per-token scale mode (LayerFormat::token_scale) on every layer; needs empty
-  // `scales` (the mode replaces the outer scale).
+  // `scales` (the mode replaces the outer scale) and no `transform` (kInvalidArgument: the
+  // transform's s_l and nvfp4_scales would not apply).
   bool token_scale = false;
 };
 

@@ -179,8 +179,10 @@ struct ForwardOptions {
   // Paged caches only: the writer stores every layer's latent (and k_pe) transformed and
   // the layer reads through the folded weights, so the model computes the same function.
   // A cache must be forwarded with the same transform in every call (its records hold
-  // transformed latents), and its per-layer outer scales must be the transform's s_l
-  // where the format has an outer scale (checked). nullptr: no transform.
+  // transformed latents), its per-layer outer scales must be the transform's s_l where
+  // the format has an outer scale, and its layers' nvfp4_scales the transform's on the
+  // nvfp4 formats (kRn elsewhere): Model::transform_layer_formats gives both; a mismatch is
+  // kInvalidArgument naming the layer and both values. nullptr: no transform.
   const FoldedLatentTransform* transform = nullptr;
 };
 

@@ -28,7 +28,8 @@ available = built and load_error is None
 if available:
 
     @torch.library.register_fake("mlakv::write_cache")
-    def _write_cache_fake(kv_cache, slot_mapping, latent, rope, format, outer_scale, fp8_exact, token_scale=False):
+    def _write_cache_fake(kv_cache, slot_mapping, latent, rope, format, outer_scale, fp8_exact, token_scale=False,
+                          nvfp4_search=False):
         return None
 
     @torch.library.register_fake("mlakv::mla_decode")
@@ -101,23 +102,40 @@ def _token_scale(token_scale, fmt, outer_scale):
     return token_scale
 
 
+def _nvfp4_scales(nvfp4_scales, fmt, token_scale):
+    """The nvfp4 group-scale choice: "rn" or "search" (an mlakv-recipe file's
+    LatentTransform.nvfp4_scales), search on an nvfp4 format outside the per-token scale mode."""
+    if nvfp4_scales not in ("rn", "search"):
+        raise ValueError(f"nvfp4_scales: expected 'rn' or 'search', got {nvfp4_scales!r}")
+    if nvfp4_scales == "search" and not fmt.startswith("nvfp4"):
+        raise ValueError(f"nvfp4_scales: search is an encoder option of the nvfp4 formats, not {fmt}")
+    if nvfp4_scales == "search" and token_scale:
+        raise ValueError("nvfp4_scales: search does not apply to the per-token scale mode (its group scales stay "
+                         "round-to-nearest); use a static outer scale, or nvfp4_scales='rn'")
+    return nvfp4_scales == "search"
+
+
 def write_cache(kv_cache, slot_mapping, latent, rope, *, format, outer_scale=1.0, fp8_scales="pow2",
-                token_scale=False):
+                token_scale=False, nvfp4_scales="rn"):
     """vLLM's concat_and_cache_mla: kv_cache [num_blocks, block_size, record_bytes] uint8 (in place),
     slot_mapping [n] int64 (-1 skipped), latent [n, 512], rope [n, 64]. token_scale: the nvfp4
     per-token scale mode (fp32 s_t = token amax / 2688 at bytes [292, 296) replaces s_l; the fork's
-    VLLM_NVFP4_MLA_DYNAMIC_SCALE=1); readers of the cache must pass it too."""
+    VLLM_NVFP4_MLA_DYNAMIC_SCALE=1); readers of the cache must pass it too. nvfp4_scales: how the
+    nvfp4 group scales are chosen, "rn" (the fork's encoder) or "search" (docs/formats.md "The nvfp4
+    scale search"); a writer-only option (the readers need nothing): pass an mlakv-recipe file's
+    LatentTransform.nvfp4_scales with its outer_scales to write the C++ writers' bytes."""
     if fp8_scales not in ("pow2", "exact"):
         raise ValueError(f"fp8_scales: expected 'pow2' or 'exact', got {fp8_scales!r}")
     code = _format(format)
     ts = _token_scale(token_scale, format, outer_scale)
+    search = _nvfp4_scales(nvfp4_scales, format, ts)
     dev = _check_cache(kv_cache, format)
     _check(slot_mapping, "slot_mapping", (torch.int64, torch.int32), (None,), dev)
     n = slot_mapping.shape[0]
     _check(latent, "latent", (torch.float32, torch.bfloat16), (n, _LATENT), dev)
     _check(rope, "rope", (latent.dtype,), (n, _ROPE), dev)
     torch.ops.mlakv.write_cache(kv_cache, slot_mapping, latent, rope, code, float(outer_scale),
-                                fp8_scales == "exact", ts)
+                                fp8_scales == "exact", ts, search)
 
 
 def mla_decode(q, kv_cache, block_table, seqlens, out, lse, *, format, softmax_scale, outer_scale=1.0, causal=True,

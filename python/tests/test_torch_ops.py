@@ -108,6 +108,75 @@ def test_token_scale_mode_through_the_ops(device, fmt):
         ops.mla_decode(q, kv, table, seqlens, out, lse, format=fmt, softmax_scale=0.1, token_scale=1)
 
 
+def _mlakv_recipe_transform(seed):
+    """An mlakv-recipe calibration file (mlakv_latent_transform_v2) with the nvfp4 scale search,
+    one layer, as `mlakv calibrate --recipe mlakv` writes it."""
+    import json
+    rng = np.random.default_rng(seed)
+    layer = {"mu": (0.3 * rng.standard_normal(512)).astype(np.float32).tolist(),
+             "d": np.exp(0.4 * rng.standard_normal(512)).astype(np.float32).tolist(),
+             "rotate": True, "sign_seed": 11, "rope_rotate": True, "rope_sign_seed": 12, "outer_scale": 0.002}
+    return mlakv.parse_latent_transform(json.dumps({
+        "format": "mlakv_latent_transform_v2", "num_layers": 1, "latent_dim": 512, "rope_dim": 64,
+        "denominator": 2688.0, "importance": "uniform", "nvfp4_scales": "search", "layers": [layer]}))
+
+
+@needs_ops
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmt", NVFP4)
+def test_nvfp4_scale_search_through_the_ops(device, fmt):
+    # A cache written from PyTorch with an mlakv-recipe calibration (transformed latents, the
+    # file's s_l and its nvfp4_scales "search") holds the C++ scalar codec's bytes
+    # (mlakv.encode, src/format/record_codec.h) and the binding's writer's; the same call with
+    # "rn" holds the RN bytes, which differ: the option reaches the writer.
+    T = 150
+    kv, slots, lat, rope, q, table, seqlens = _case(device, fmt, T=T, seed=4)
+    t = _mlakv_recipe_transform(4)
+    assert t.nvfp4_scales == "search"
+    c2, k2 = t.apply(0, lat.cpu().numpy(), rope.cpu().numpy())
+    s_l = t.outer_scales[0]
+    ops.write_cache(kv, slots, torch.from_numpy(c2).to(device), torch.from_numpy(k2).to(device), format=fmt,
+                    outer_scale=s_l, nvfp4_scales=t.nvfp4_scales)
+    kv_rn = torch.zeros_like(kv)
+    ops.write_cache(kv_rn, slots, torch.from_numpy(c2).to(device), torch.from_numpy(k2).to(device), format=fmt,
+                    outer_scale=s_l)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    rb = mlakv.record_bytes(fmt)
+    got = kv.cpu().numpy().reshape(-1, rb)[:T]
+    want = mlakv.encode(c2, k2, fmt, outer_scale=s_l, nvfp4_scales="search")
+    np.testing.assert_array_equal(got, want)
+    ref_kv = np.zeros(tuple(kv.shape), np.uint8)
+    mlakv.write_cache(ref_kv, slots.cpu().numpy(), c2, k2, format=fmt, outer_scale=s_l, nvfp4_scales="search")
+    np.testing.assert_array_equal(kv.cpu().numpy(), ref_kv)
+    rn = kv_rn.cpu().numpy().reshape(-1, rb)[:T]
+    np.testing.assert_array_equal(rn, mlakv.encode(c2, k2, fmt, outer_scale=s_l))
+    moved = (got[:, 256:288] != rn[:, 256:288]).mean()  # the group scale bytes the search changed
+    assert 0.1 < moved < 0.9, moved
+    # The readers need nothing: the op's decode of the search records is the binding's.
+    out = torch.empty(1, 1, 16, 512, device=device)
+    lse = torch.empty(1, 1, 16, device=device)
+    ops.mla_decode(q, kv, table, seqlens, out, lse, format=fmt, softmax_scale=0.1, outer_scale=s_l)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    ref_o, _ = mlakv.mla_decode(q.cpu().numpy(), mlakv.cache_layer(ref_kv, fmt, outer_scale=s_l),
+                                table.cpu().numpy(), seqlens.cpu().numpy(), softmax_scale=0.1)
+    err = np.linalg.norm(out.cpu().numpy() - ref_o) / np.linalg.norm(ref_o)
+    assert err < (1e-6 if device == "cpu" else 2 ** -6), err
+    # The checking wrapper refuses what the option is not, naming it.
+    with pytest.raises(ValueError, match="nvfp4_scales"):
+        ops.write_cache(kv, slots, lat, rope, format=fmt, nvfp4_scales="nearest")
+    with pytest.raises(ValueError, match="nvfp4_scales: search does not apply to the per-token scale mode"):
+        ops.write_cache(kv, slots, lat, rope, format=fmt, token_scale=True, nvfp4_scales="search")
+
+
+@needs_ops
+def test_nvfp4_scale_search_refused_on_formats_without_it():
+    kv, slots, lat, rope, q, table, seqlens = _case("cpu", "fp8_ds_mla")
+    with pytest.raises(ValueError, match="nvfp4_scales: search is an encoder option of the nvfp4 formats"):
+        ops.write_cache(kv, slots, lat, rope, format="fp8_ds_mla", nvfp4_scales="search")
+
+
 @needs_ops
 def test_token_scale_refused_on_formats_without_it():
     kv, slots, lat, rope, q, table, seqlens = _case("cpu", "fp8_ds_mla")
@@ -213,6 +282,9 @@ RAW_CASES = {
     "token_scale": ("torch.ops.mlakv.write_cache(kv, slots, lat, rope, F, 1.0, False, True)", "token_scale"),
     "token_scale_decode": ("torch.ops.mlakv.mla_decode(q, kv, table, sl, out, lse, F, 1.0, 0.1, True, 1, None, True)",
                            "token_scale"),
+    # The nvfp4 scale search on fp8 records (the C++ check_nvfp4_scales refuses it).
+    "nvfp4_search": ("torch.ops.mlakv.write_cache(kv, slots, lat, rope, F, 1.0, False, False, True)",
+                     "nvfp4_scales search"),
 }
 
 

@@ -1,7 +1,7 @@
 // PyTorch custom ops over mlakv, registered through libtorch's stable ABI
 // (STABLE_TORCH_LIBRARY, torch >= 2.9), so one build serves several torch versions:
 //   torch.ops.mlakv.write_cache(kv_cache, slot_mapping, latent, rope, format, outer_scale, fp8_exact,
-//                               token_scale=False)
+//                               token_scale=False, nvfp4_search=False)
 //   torch.ops.mlakv.mla_decode(q, kv_cache, block_table, seqlens, out, lse, format, outer_scale,
 //                              softmax_scale, causal, num_splits, workspace, token_scale=False)
 //   torch.ops.mlakv.mla_decode_sparse(q, kv_cache, indices, topk_length, out, lse, format, outer_scale,
@@ -9,6 +9,9 @@
 // token_scale: the nvfp4 per-token scale mode (CacheLayerView::token_scale; fp32 s_t at
 // formats.h nvfp4_token_scale::kOffset replaces s_l, which must then be 1.0); the writer
 // and the readers of one cache must agree on it, as on the format and outer scale.
+// nvfp4_search: the writer's nvfp4 group-scale choice Nvfp4ScaleMode::kSearch (codec.h; a
+// writer-only option, readers need nothing): what a cache of an mlakv-recipe calibration whose
+// nvfp4_scales is "search" must be written with to hold the C++ writers' bytes.
 // Each mutates its output arguments and returns nothing, so it needs no allocation: on CUDA
 // it enqueues on torch's current stream and can be captured in a CUDA graph. The fake
 // (meta) implementations are registered in python/mlakv/torch_ops.py.
@@ -94,7 +97,8 @@ TensorView view(const Tensor& t, const char* name) {
   return v;
 }
 
-CacheLayerView layer_of(const Tensor& kv, int64_t format, double outer_scale, bool token_scale) {
+CacheLayerView layer_of(const Tensor& kv, int64_t format, double outer_scale, bool token_scale,
+                        bool nvfp4_search = false) {
   MLAKV_OP_CHECK(format >= 0 && format < static_cast<int64_t>(all_formats().size()), "format: unknown format code ",
                   format, " (mlakv.torch_ops.FORMATS)");
   const KvFormat f = all_formats()[static_cast<size_t>(format)].format;
@@ -112,6 +116,7 @@ CacheLayerView layer_of(const Tensor& kv, int64_t format, double outer_scale, bo
   c.format = f;
   c.outer_scale = static_cast<float>(outer_scale);
   c.token_scale = token_scale;
+  c.nvfp4_scales = nvfp4_search ? Nvfp4ScaleMode::kSearch : Nvfp4ScaleMode::kRn;
   c.device = t.device;
   check(check_cache_view(c, "kv_cache"), "cache");
   return c;
@@ -160,8 +165,8 @@ void run_attention(MlaAttentionParams& p, int64_t num_splits, const std::optiona
 }
 
 void write_cache(Tensor kv_cache, Tensor slot_mapping, Tensor latent, Tensor rope, int64_t format, double outer_scale,
-                 bool fp8_exact, bool token_scale) {
-  const CacheLayerView c = layer_of(kv_cache, format, outer_scale, token_scale);
+                 bool fp8_exact, bool token_scale, bool nvfp4_search) {
+  const CacheLayerView c = layer_of(kv_cache, format, outer_scale, token_scale, nvfp4_search);
   const TensorView s = view(slot_mapping, "slot_mapping"), l = view(latent, "latent"), r = view(rope, "rope");
   const Fp8ScaleMode mode = fp8_exact ? Fp8ScaleMode::kExact : Fp8ScaleMode::kPow2;
   if (c.device.type == DeviceType::kCpu) {
@@ -209,7 +214,7 @@ void mla_decode_sparse(Tensor q, Tensor kv_cache, Tensor indices, std::optional<
 
 STABLE_TORCH_LIBRARY(mlakv, m) {
   m.def("write_cache(Tensor(a!) kv_cache, Tensor slot_mapping, Tensor latent, Tensor rope, int format, "
-        "float outer_scale, bool fp8_exact, bool token_scale=False) -> ()");
+        "float outer_scale, bool fp8_exact, bool token_scale=False, bool nvfp4_search=False) -> ()");
   m.def("mla_decode(Tensor q, Tensor kv_cache, Tensor block_table, Tensor seqlens, Tensor(a!) out, "
         "Tensor(b!) lse, int format, float outer_scale, float softmax_scale, bool causal, int num_splits, "
         "Tensor(c!)? workspace, bool token_scale=False) -> ()");

@@ -24,6 +24,13 @@ void report_progress(const ProgressFn& fn, std::string_view what, int64_t done, 
 StatusOr<std::unique_ptr<PagedKvCache>> cache_for(const Model& model, const EvalCacheSpec& spec, int64_t tokens,
                                                   int block_size) {
   if (spec.transform != nullptr) {
+    // The transform's layers carry their own s_l and nvfp4 group-scale choice; the
+    // per-token scale mode would replace both (and the row would be labelled with neither).
+    if (spec.token_scale)
+      return invalid_argument(fmt::format(
+          "eval cache spec ({}, recipe {}): the per-token scale mode and a latent transform (outer scales s_l, "
+          "nvfp4_scales '{}') are exclusive; use one",
+          format_name(spec.format), spec.recipe, nvfp4_scale_mode_name(spec.transform->transform().nvfp4_scales)));
     MLAKV_ASSIGN_OR_RETURN(std::vector<LayerFormat> layers,
                            model.transform_layer_formats(spec.format, spec.transform->transform()));
     return model.create_cache(layers, tokens, block_size);

@@ -310,6 +310,17 @@ Status Model::forward(PagedKvCache& cache, SeqId seq, std::span<const int32_t> t
             "forward: cache layer {} has outer scale {}, the latent transform's s_l is {} (create the cache with "
             "Model::transform_layer_formats)",
             l, v.outer_scale, want));
+      // The writers apply the cache layer's nvfp4 group-scale choice; the transform's file
+      // says which one its calibration (s_l, the seed) was made with. A cache of the other
+      // mode would write records that silently differ from the calibrated ones.
+      const Nvfp4ScaleMode want_nv = is_nvfp4_format(v.format) ? ft.transform.nvfp4_scales : Nvfp4ScaleMode::kRn;
+      if (v.nvfp4_scales != want_nv)
+        return invalid_argument(fmt::format(
+            "forward: cache layer {} ({}{}) writes nvfp4 group scales '{}', the latent transform's nvfp4_scales is "
+            "'{}' (create the cache with Model::transform_layer_formats{})",
+            l, format_name(v.format), v.token_scale ? ", per-token scale mode" : "",
+            nvfp4_scale_mode_name(v.nvfp4_scales), nvfp4_scale_mode_name(want_nv),
+            v.token_scale ? "; the per-token scale mode always rounds to nearest" : ""));
     }
   }
   MLAKV_ASSIGN_OR_RETURN(int64_t p0, cache.blocks().length(seq));

@@ -168,17 +168,66 @@ HWY_INLINE hn::Vec<DF> E4m3Value(DF df, hn::Vec<DU> c) {
   return hn::IfThenElse(hn::RebindMask(df, hn::Lt(c, hn::Set(du, 8u))), sub, norm);
 }
 
-// codec::nvfp4_group_sq_error for N groups at once, one group per lane: at[i] holds element
-// i of each lane's group (|y|, i = 0..15), sf each lane's candidate scale (0 for code 0: then
-// q = a / 0 is +Inf or NaN, whose e2m1 code 7 reconstructs 6 * 0 = 0, so d = a as the spec's).
-// The same float32 operations per lane as the spec, and its tree: s_j = p_j + p_{j+8}, then
-// h = 4, 2, 1.
-HWY_INLINE hn::Vec<DF> GroupSqErrors(DF df, const float* const* at, hn::Vec<DF> sf) {
+// The search's per-element arithmetic (SearchScaleCodes), the spec's operations in fewer
+// instructions with the same float32 results:
+//   * the quotient q = RN(a / sf): on targets with a native fused multiply-add,
+//     codec::div_rn_by_e4m3 (q0 = RN(a rsf), then RN(q0 + RN(a - sf q0) rsf) with rsf =
+//     RN(1 / sf)), the IEEE quotient for every a >= 2^-12 with a / sf <= 2^120 (exhaustively
+//     tested in tests/writer_primitives_test.cc); below 2^-12 both are below 2^-3 < 0.25, so
+//     both round to e2m1 0, which is all the search reads of q. Blocks with a group maximum
+//     above 2^111 (a / sf could pass 2^120) and targets without FMA divide.
+//   * the e2m1 value v = e2m1_to_f32(f32_to_e2m1_satfinite(q) & 7) of q >= 0 (finite or
+//     +Inf, never NaN) without its code: q + M, M = 2^22 below 2, 2^23 below 4, else 2^24,
+//     rounds q to a multiple of ulp(M) = 0.5, 1 or 2 (the e2m1 grid's spacing there; ties to
+//     the even multiple, which is the even code), minus M is exact, then min(., 6) saturates
+//     (+Inf + M - M = +Inf -> 6).
+//   * d = a - v sf as one fused multiply-add: v (<= 2 significant bits) times sf (<= 4) is
+//     exact in float32 (2^-10 <= v sf <= 2688), so the fused and the separate forms round
+//     the same single difference.
+HWY_INLINE hn::Vec<DF> E2m1RoundNonNegative(DF df, hn::Vec<DF> q) {
+  const auto m = hn::IfThenElse(hn::Lt(q, hn::Set(df, 2.0f)), hn::Set(df, 4194304.0f),
+                                hn::IfThenElse(hn::Lt(q, hn::Set(df, 4.0f)), hn::Set(df, 8388608.0f),
+                                               hn::Set(df, 16777216.0f)));
+  return hn::Min(hn::Sub(hn::Add(q, m), m), hn::Set(df, kE2m1Max));
+}
+
+// The e2m1 magnitude code of a grid value v (0, 0.5, ..., 6): 2 v below 2, else its float32
+// exponent and top mantissa bit minus 1.0's ((127 << 1) - 2 = 252).
+HWY_INLINE hn::Vec<DU> E2m1CodeOfValue(DF df, hn::Vec<DF> v) {
   const DU du;
+  const DI di;
+  const auto small = hn::BitCast(du, hn::ConvertTo(di, hn::Add(v, v)));
+  const auto big = hn::Sub(hn::ShiftRight<22>(hn::BitCast(du, v)), hn::Set(du, 252u));
+  return hn::IfThenElse(hn::RebindMask(du, hn::Lt(v, hn::Set(df, 2.0f))), small, big);
+}
+
+// RN(a / sf) where it decides the e2m1 rounding (above): kFast the reciprocal form.
+template <bool kFast>
+HWY_INLINE hn::Vec<DF> QuotientForE2m1(hn::Vec<DF> a, hn::Vec<DF> sf, hn::Vec<DF> rsf) {
+  if constexpr (kFast) {
+    const auto q0 = hn::Mul(a, rsf);
+    return hn::MulAdd(hn::NegMulAdd(sf, q0, a), rsf, q0);
+  } else {
+    (void)rsf;
+    return hn::Div(a, sf);
+  }
+}
+
+// codec::nvfp4_group_sq_error for N groups at once, one group per lane: at[i * kNumGroups]
+// holds element i of each lane's group (y, i = 0..15; |y| is taken here), sf each lane's
+// candidate scale. kZero: some lanes are code 0 (`zero`), whose error the spec defines as
+// sum a^2 (d = a): those lanes divide by 1 and take d = a. The same float32 results per lane
+// as the spec, and its tree: s_j = p_j + p_{j+8}, then h = 4, 2, 1.
+template <bool kFast, bool kZero>
+HWY_INLINE hn::Vec<DF> GroupSqErrors(DF df, const float* at, hn::Vec<DF> sf, hn::Mask<DF> zero) {
+  namespace NV = layout::nvfp4_ds_mla;
+  const auto sfd = kZero ? hn::IfThenElse(zero, hn::Set(df, 1.0f), sf) : sf;
+  const auto rsf = kFast ? hn::Div(hn::Set(df, 1.0f), sfd) : sfd;
   auto sq = [&](int i) {
-    const auto a = hn::LoadU(df, at[i]);
-    const auto m = hn::And(E2m1Codes(df, hn::Div(a, sf)), hn::Set(du, 7u));
-    const auto d = hn::Sub(a, hn::Mul(E2m1Magnitude(df, m), sf));
+    const auto a = hn::Abs(hn::LoadU(df, at + i * NV::kNumGroups));
+    const auto v = E2m1RoundNonNegative(df, QuotientForE2m1<kFast>(a, sfd, rsf));
+    auto d = hn::NegMulAdd(v, sfd, a);
+    if constexpr (kZero) d = hn::IfThenElse(zero, a, d);
     return hn::Mul(d, d);
   };
   hn::Vec<DF> s8[8];
@@ -192,44 +241,87 @@ HWY_INLINE hn::Vec<DF> GroupSqErrors(DF df, const float* const* at, hn::Vec<DF> 
   return s8[0];
 }
 
-// codec::nvfp4_search_scale_code for all 32 groups of y (the record's y = latent / s),
-// N groups per vector (the elements transposed: lane = group): each group's RN code c0 from
-// scales[g], then c0 - 1 (where c0 >= 2) and c0 + 1 (where <= 0x7E) replace the best only
-// where strictly less. The chosen codes go back to scales[g].
-void SearchScaleCodes(const float* y, uint8_t* scales) {
+// The chosen codes' e2m1 nibbles of one block of N groups, as the record stores them: lane
+// g's w[0] holds elements 0..7 (element i at bits 4i..4i+3, its sign at bit 4i+3), w[1]
+// elements 8..15 - the group's 8 code bytes as two little-endian u32. Code-0 lanes get 0
+// (no signs), as the RN path's zero scale does.
+template <bool kFast>
+HWY_INLINE void GroupCodeWords(DF df, const float* at, hn::Vec<DU> c, hn::Vec<DU>* w) {
+  namespace NV = layout::nvfp4_ds_mla;
+  const DU du;
+  const auto zero = hn::Eq(c, hn::Zero(du));
+  const auto sfd = hn::IfThenElse(hn::RebindMask(df, zero), hn::Set(df, 1.0f), E4m3Value(df, c));
+  const auto rsf = kFast ? hn::Div(hn::Set(df, 1.0f), sfd) : sfd;
+  w[0] = w[1] = hn::Zero(du);
+  for (int i = 0; i < NV::kGroupDim; ++i) {
+    const auto y = hn::LoadU(df, at + i * NV::kNumGroups);
+    const auto m = E2m1CodeOfValue(df, E2m1RoundNonNegative(df, QuotientForE2m1<kFast>(hn::Abs(y), sfd, rsf)));
+    const auto code = hn::Or(m, hn::And(hn::ShiftRight<28>(hn::BitCast(du, y)), hn::Set(du, 8u)));
+    w[i / 8] = hn::Or(w[i / 8], hn::ShiftLeftSame(code, 4 * (i % 8)));
+  }
+  w[0] = hn::IfThenZeroElse(zero, w[0]);
+  w[1] = hn::IfThenZeroElse(zero, w[1]);
+}
+
+// One block of N groups (lane = group) of SearchScaleCodes.
+template <bool kFast>
+HWY_INLINE void SearchBlock(DF df, const float* at, uint8_t* scales, hn::Vec<DU>* w) {
+  const DU du;
+  const hn::Rebind<uint8_t, DU> d8;
+  const auto c0 = hn::PromoteTo(du, hn::LoadU(d8, scales));
+  const auto one = hn::Set(du, 1u);
+  const auto zero = hn::RebindMask(df, hn::Eq(c0, hn::Zero(du)));
+  auto best_c = c0;
+  auto best_e = hn::AllFalse(df, zero) ? GroupSqErrors<kFast, false>(df, at, E4m3Value(df, c0), zero)
+                                       : GroupSqErrors<kFast, true>(df, at, E4m3Value(df, c0), zero);
+  {  // c0 - 1 where c0 >= 2 (other lanes evaluate code 1 and are not taken)
+    const auto ok = hn::Gt(c0, one);
+    const auto c = hn::IfThenElse(ok, hn::Sub(c0, one), one);
+    const auto e = GroupSqErrors<kFast, false>(df, at, E4m3Value(df, c), zero);
+    const auto take = hn::And(hn::RebindMask(df, ok), hn::Lt(e, best_e));
+    best_e = hn::IfThenElse(take, e, best_e);
+    best_c = hn::IfThenElse(hn::RebindMask(du, take), c, best_c);
+  }
+  {  // c0 + 1 where <= 0x7E (other lanes, c0 = 0x7E, evaluate c0 and are not taken)
+    const auto c = hn::Add(c0, one);
+    const auto ok = hn::Lt(c, hn::Set(du, 0x7Fu));
+    const auto e = GroupSqErrors<kFast, false>(df, at, E4m3Value(df, hn::IfThenElse(ok, c, c0)), zero);
+    const auto take = hn::And(hn::RebindMask(df, ok), hn::Lt(e, best_e));
+    best_c = hn::IfThenElse(hn::RebindMask(du, take), c, best_c);
+  }
+  StoreBytes(best_c, scales);
+  GroupCodeWords<kFast>(df, at, best_c, w);
+}
+
+// codec::nvfp4_search_scale_code for all 32 groups of y (the record's y = latent / s, amax
+// each group's max |y|), N groups per vector (the elements transposed: lane = group): each
+// group's RN code c0 from scales[g], then c0 - 1 (where c0 >= 2) and c0 + 1 (where <= 0x7E)
+// replace the best only where strictly less. The chosen codes go back to scales[g], and the
+// e2m1 codes at the chosen scales to the record's latent bytes `codes` (8 per group).
+void SearchScaleCodes(const float* y, const float* amax, uint8_t* scales, uint8_t* codes) {
   namespace NV = layout::nvfp4_ds_mla;
   const DF df;
   const DU du;
-  const hn::Rebind<uint8_t, DU> d8;
   constexpr int N = static_cast<int>(hn::MaxLanes(DF()));
   static_assert(NV::kNumGroups % N == 0);
-  alignas(64) float yt[NV::kGroupDim][NV::kNumGroups];  // yt[i][g] = |y[16 g + i]|
+  alignas(64) float yt[NV::kGroupDim][NV::kNumGroups];  // yt[i][g] = y[16 g + i]
   for (int g = 0; g < NV::kNumGroups; ++g) {
-    for (int i = 0; i < NV::kGroupDim; ++i) yt[i][g] = codec::fabs_f(y[g * NV::kGroupDim + i]);
+    for (int i = 0; i < NV::kGroupDim; ++i) yt[i][g] = y[g * NV::kGroupDim + i];
   }
+  alignas(64) uint32_t w[2][NV::kNumGroups];
   for (int g0 = 0; g0 < NV::kNumGroups; g0 += N) {
-    const float* at[NV::kGroupDim];
-    for (int i = 0; i < NV::kGroupDim; ++i) at[i] = &yt[i][g0];
-    const auto c0 = hn::PromoteTo(du, hn::LoadU(d8, scales + g0));
-    auto best_c = c0;
-    auto best_e = GroupSqErrors(df, at, E4m3Value(df, c0));
-    const auto one = hn::Set(du, 1u);
-    {
-      const auto c = hn::Sub(c0, one);
-      const auto ok = hn::RebindMask(df, hn::Gt(c0, hn::Set(du, 1u)));
-      const auto e = GroupSqErrors(df, at, E4m3Value(df, hn::IfThenElse(hn::RebindMask(du, ok), c, c0)));
-      const auto take = hn::And(ok, hn::Lt(e, best_e));
-      best_e = hn::IfThenElse(take, e, best_e);
-      best_c = hn::IfThenElse(hn::RebindMask(du, take), c, best_c);
-    }
-    {
-      const auto c = hn::Add(c0, one);
-      const auto ok = hn::RebindMask(df, hn::Lt(c, hn::Set(du, 0x7Fu)));
-      const auto e = GroupSqErrors(df, at, E4m3Value(df, hn::IfThenElse(hn::RebindMask(du, ok), c, c0)));
-      const auto take = hn::And(ok, hn::Lt(e, best_e));
-      best_c = hn::IfThenElse(hn::RebindMask(du, take), c, best_c);
-    }
-    StoreBytes(best_c, scales + g0);
+    hn::Vec<DU> wv[2];
+    // The reciprocal quotient needs a native FMA and every |y| of the block <= 2^111.
+    bool fast = HWY_NATIVE_FMA != 0;
+    for (int g = g0; g < g0 + N; ++g) fast = fast && amax[g] <= 0x1p111f;
+    if (fast) SearchBlock<true>(df, &yt[0][g0], scales + g0, wv);
+    else SearchBlock<false>(df, &yt[0][g0], scales + g0, wv);
+    hn::Store(wv[0], du, &w[0][g0]);
+    hn::Store(wv[1], du, &w[1][g0]);
+  }
+  for (int g = 0; g < NV::kNumGroups; ++g) {  // little-endian words (x86 only here)
+    std::memcpy(codes + g * (NV::kGroupDim / 2), &w[0][g], 4);
+    std::memcpy(codes + g * (NV::kGroupDim / 2) + 4, &w[1][g], 4);
   }
 }
 
@@ -259,7 +351,10 @@ void Nvfp4Latent(const float* latent, float outer_scale, uint8_t* rec, bool sear
   for (int g = 0; g < NV::kNumGroups; g += N) {
     StoreBytes(E4m3Codes(df, hn::Div(hn::LoadU(df, amax + g), hn::Set(df, kE2m1Max))), scales + g);
   }
-  if (search) SearchScaleCodes(y, scales);
+  if (search) {
+    SearchScaleCodes(y, amax, scales, rec + NV::kLatentOffset);
+    return;
+  }
   uint8_t codes[NV::kGroupDim + 16];
   for (int g = 0; g < NV::kNumGroups; ++g) {
     const float sf = table.v[scales[g] & 0x7F];
