@@ -284,8 +284,7 @@ __device__ __forceinline__ uint4 e2m1x8_to_bf16(uint32_t w, uint32_t sc) {
 #endif
 // fp8 code chunks loaded together (1, 2 or 4): 2 in the converters' 32 registers (the e2m1
 // converters load 2 at a time).
-template <KvFormat F>
-constexpr int kConvBatch = MLAKV_NAT_FP8_BATCH;
+constexpr int kFp8ConvBatch = MLAKV_NAT_FP8_BATCH;
 // The 368-byte records: converts token t's 8-bit rope staged in the rope block at `rb` (one
 // 128-byte box row from record byte 240, 128-byte swizzle) in place to 64 bf16, two
 // converters per token: role r turns code chunks 4 + 2 r, 5 + 2 r (dims 32 r .. 32 r + 31)
@@ -336,7 +335,7 @@ __device__ __forceinline__ void convert_half(uint8_t* pb, int t, int r, int h, i
     // Role r: code box r (tile scale 2 h + r, staged in block 1 + 2 r) -> blocks 2 r, 2 r + 1.
     const float s = *reinterpret_cast<const float*>(pb + t * 16 + 8 * h + 4 * r);
     ptx::named_barrier(bar, 128);  // every converter of the stage has read its scale
-    constexpr int kB = kConvBatch<F>;
+    constexpr int kB = kFp8ConvBatch;
     static_assert(kB == 1 || kB == 2 || kB == 4);
     const int cb = Quant<F>::raw_block(r);
 #pragma unroll
@@ -445,7 +444,8 @@ __global__ void __launch_bounds__(nat::kThreadsOf<F>, 1)
 
   if (tid == 0) {
     for (int i = 0; i < kParts * kStages; ++i) {
-      // The quantized formats' V halves are full when both converter warps of the stage arrive.
+      // A converted part (the quantized formats' V halves, the 368-byte ropes) is full when
+      // the stage's 128 converters arrive.
       ptx::mbar_init(gp::smem_addr(&full[i]), (kQuant && i >= kPartL * kStages) || (kRopeConv && i < kStages) ? 128 : 1);
       ptx::mbar_init(gp::smem_addr(&empty[i]), 128);
     }
