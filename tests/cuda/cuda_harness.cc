@@ -637,7 +637,14 @@ std::vector<AttnCase> sanitizer_cases() {
     c.heads = 64;
     c.sparse = true;
     c.topk = 40;
-    v.push_back({c});
+    v.push_back({c, false, "sm90_rows"});
+    if (f != KvFormat::kBf16) {  // the natural-arrangement kernel's sparse gathers (64 and 128 heads)
+      c.topk = 100;
+      v.push_back({c, false, "sm90_nat"});
+      c.heads = 128;
+      c.s_q = 1;
+      v.push_back({c, false, "sm90_nat"});
+    }
   }
   for (int bs : {16, 64}) {  // the natural-arrangement kernel (bf16, dense, 64 rows: H = 64 or H = 32 x s_q = 2)
     for (KvFormat f : kNatFormats) {
@@ -773,6 +780,43 @@ std::vector<AttnCase> natural_quant_cases() {
 
 INSTANTIATE_TEST_SUITE_P(NaturalKernelQuant, CudaAttention, ::testing::ValuesIn(natural_quant_cases()), attn_case_name);
 
+// The natural-arrangement kernel on sparse (top-k) sets of the quantized records (sm90_nat,
+// forced; the converters gather each token's bytes with cp.async, no TMA boxes): heads
+// {64, 128} x s_q {1, 2} x top-k lists of 96 (two tiles, the second partial), 700 (eleven,
+// an odd count: the second stage's last tile empty) and 2048, a fifth of the indices
+// invalid (-1, -7, num_slots, INT32_MAX), per-request top-k lengths, an empty request,
+// block sizes {1, 16, 33, 64} (any: nothing is loaded by pages), split counts {1, 2, 3, 5},
+// bf16 q, inexact outer scales and one graph replay per format.
+std::vector<AttnCase> natural_sparse_cases() {
+  std::vector<AttnCase> v;
+  const int block_sizes[] = {1, 16, 33, 64}, split_counts[] = {1, 2, 3, 5}, topks[] = {96, 700, 2048};
+  int k = 0;
+  for (KvFormat f : {KvFormat::kFp8DsMla, KvFormat::kNvfp4DsMla, KvFormat::kNvfp4DsMlaFp8Rope, KvFormat::kNvfp4DsMlaInt8Rope}) {
+    for (int heads : {64, 128}) {
+      for (int s_q : {1, 2}) {
+        Case c;
+        c.format = f;
+        c.sparse = true;
+        c.heads = heads;
+        c.s_q = s_q;
+        c.block_size = block_sizes[k % 4];
+        c.splits = split_counts[(k / 4 + k) % 4];
+        c.topk = topks[k % 3];
+        c.topk_length = k % 3 == 1;
+        c.seqlens = c.topk > 1000 ? std::vector<int>{2300, 900} : std::vector<int>{300, 0, 777};
+        c.bf16_q = k % 3 == 2;
+        c.outer_scale = format_info(f).has_outer_scale ? (k % 2 == 0 ? 0.75f : 0.6180339f) : 1.0f;
+        c.seed = static_cast<uint32_t>(4700 + k);
+        v.push_back({c, /*graph=*/k % 4 == 3, "sm90_nat"});
+        ++k;
+      }
+    }
+  }
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(NaturalKernelSparse, CudaAttention, ::testing::ValuesIn(natural_sparse_cases()), attn_case_name);
+
 INSTANTIATE_TEST_SUITE_P(DenseEveryFormatHeadCountAndBlockSize, CudaAttention, ::testing::ValuesIn(dense_cases()),
                          attn_case_name);
 INSTANTIATE_TEST_SUITE_P(CausalMultiTokenAndSplits, CudaAttention, ::testing::ValuesIn(causal_cases()), attn_case_name);
@@ -844,7 +888,7 @@ struct PlanParams {
   MlaAttentionParams p;
   DeviceBuffer<uint8_t> cache;
   DeviceBuffer<float> q, o, l;
-  DeviceBuffer<int32_t> table, seqlens;
+  DeviceBuffer<int32_t> table, seqlens, idx, tl;
   explicit PlanParams(Host& t)
       : p(t.params(out, lse)),
         cache(static_cast<std::size_t>(t.view.num_slots()) * t.view.record_bytes),
@@ -852,8 +896,18 @@ struct PlanParams {
         o(out.size()),
         l(lse.size()),
         table(t.table.size()),
-        seqlens(t.seqlens.size()) {
+        seqlens(t.seqlens.size()),
+        idx(std::max<std::size_t>(1, t.indices.size())),
+        tl(std::max<std::size_t>(1, t.topk_len.size())) {
     const Device dev = Device::cuda(0);
+    if (t.c.sparse) {
+      p.indices.data = idx.ptr;
+      p.indices.device = dev;
+      if (t.c.topk_length) {
+        p.topk_length.data = tl.ptr;
+        p.topk_length.device = dev;
+      }
+    }
     p.q.data = q.ptr;
     p.q.device = dev;
     p.cache.data = cache.ptr;
@@ -977,12 +1031,46 @@ TEST_F(Cuda, KernelChoiceFollowsTheDeviceAndTheEnvironment) {
     auto refused = cuda::plan_mla_attention(dodd.p);
     ASSERT_FALSE(refused.ok());
     EXPECT_NE(refused.status().message().find("sm90_nat"), std::string::npos) << refused.status().to_string();
-    Case sp = n;
+    Case sp = n;  // bf16 sparse sets: not served (no converters to gather them)
     sp.sparse = true;
     sp.topk = 16;
     Host ts = build(sp);
     PlanParams dsp(ts);
     EXPECT_FALSE(cuda::plan_mla_attention(dsp.p).ok());
+    Case sq = sp;  // a quantized sparse set at block size 33 and 128 heads: served
+    sq.format = KvFormat::kFp8DsMla;
+    sq.block_size = 33;
+    Host tq = build(sq);
+    PlanParams dsq(tq);
+    auto sparse_nat = cuda::plan_mla_attention(dsq.p);
+    EXPECT_EQ(sparse_nat.ok(), is_hopper());
+    if (sparse_nat.ok()) {
+      EXPECT_EQ(sparse_nat->path, cuda::AttentionPath::kSm90Nat);
+      EXPECT_EQ(sparse_nat->row_blocks, 2);
+    }
+  }
+  {
+    // Unforced, quantized sparse sets of >= 64 heads pick sm90_nat on Hopper, bf16 ones
+    // sm90_rows; 16 heads the 16-row kernel.
+    for (KvFormat f : {KvFormat::kBf16, KvFormat::kFp8DsMla, KvFormat::kNvfp4DsMlaInt8Rope}) {
+      for (int heads : {16, 64}) {
+        Case sp = c;
+        sp.format = f;
+        sp.heads = heads;
+        sp.s_q = 2;
+        sp.sparse = true;
+        sp.topk = 64;
+        Host ts = build(sp);
+        PlanParams dsp(ts);
+        auto plan = cuda::plan_mla_attention(dsp.p);
+        ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+        const cuda::AttentionPath want = !is_hopper()                ? cuda::AttentionPath::kSm80
+                                         : heads < 64                ? cuda::AttentionPath::kSm90
+                                         : f == KvFormat::kBf16      ? cuda::AttentionPath::kSm90Rows
+                                                                     : cuda::AttentionPath::kSm90Nat;
+        EXPECT_EQ(plan->path, want) << format_name(f) << " H=" << heads;
+      }
+    }
   }
   {
     KernelEnv env("fastest");

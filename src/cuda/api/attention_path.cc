@@ -60,15 +60,16 @@ constexpr AttentionKernels kSm90RowsKernels{"sm90_rows",
                                             &sm90::launch_attention_rows,
                                             &rows_split_granule};
 
-// The natural-arrangement kernel: bf16, fp8_ds_mla or nvfp4_ds_mla records, dense token
-// sets of >= 64 rows per request, block sizes its TMA boxes tile (launch_nat.h), the sm90
+// The natural-arrangement kernel: bf16, fp8_ds_mla or nvfp4 records, dense token sets of
+// >= 64 rows per request at block sizes its TMA boxes tile, or sparse sets of >= 64 heads
+// for the quantized formats (launch_nat.h), the sm90
 // kernel's devices (not the token-scale mode: sm90_rows_serves). The plan picks it by
 // itself where nat_is_default holds, else only when MLAKV_CUDA_ATTENTION=sm90_nat forces it.
 bool sm90_nat_serves(const MlaAttentionParams& p) {
-  return p.q.ndim == 4 && !p.sparse() && sm90::nat_supports(p.cache.format, p.cache.block_size, p.cache.num_slots()) &&
+  return p.q.ndim == 4 && sm90::nat_supports(p.cache.format, p.cache.block_size, p.cache.num_slots(), p.sparse()) &&
          sm90_rows_serves(p);
 }
-bool nat_by_default(KvFormat format) { return sm90::nat_is_default(format); }
+bool nat_by_default(KvFormat format, bool sparse) { return sm90::nat_is_default(format, sparse); }
 int nat_split_granule(KvFormat /*format*/) { return sm90::kNatTokenTile; }
 constexpr AttentionKernels kSm90NatKernels{"sm90_nat",
                                            sm90::kNatRowsPerCta,
@@ -80,7 +81,7 @@ constexpr AttentionKernels kSm90NatKernels{"sm90_nat",
 #else
 // A binary built without 90a: the kSm90 entry serves nothing.
 bool never_serves(const MlaAttentionParams& /*p*/) { return false; }
-bool nat_by_default(KvFormat /*format*/) { return false; }
+bool nat_by_default(KvFormat /*format*/, bool /*sparse*/) { return false; }
 int no_configure(KvFormat /*format*/, int /*record_bytes*/) { return static_cast<int>(cudaErrorInvalidValue); }
 int no_ctas(KvFormat /*format*/, int /*record_bytes*/) { return 0; }
 int no_launch(KvFormat /*format*/, const kernels::AttentionParams& /*p*/, int /*row_blocks*/, void* /*stream*/) {
@@ -117,8 +118,9 @@ StatusOr<AttentionPath> select_attention_path(const MlaAttentionParams& p) {
         "and a 16-byte aligned cache{}; got {}, {}, {} B records{}, {} rows per request{})",
         env,
         require_rows  ? ", and for sm90_rows at least 64 rows per request (dense s_q * H, sparse H)"
-        : require_nat ? ", and for sm90_nat bf16, fp8_ds_mla or nvfp4_ds_mla records, a dense token set of at least 64 "
-                        "rows per request (s_q * H) and a block size of 8, 16, 32 or a multiple of 64"
+        : require_nat ? ", and for sm90_nat bf16, fp8_ds_mla or nvfp4 records with a dense token set of at least 64 "
+                        "rows per request (s_q * H) and a block size of 8, 16, 32 or a multiple of 64, or fp8_ds_mla or "
+                        "nvfp4 records with a sparse set of at least 64 heads"
                       : "",
         device_name(p.cache.device), format_name(p.cache.format), p.cache.record_bytes,
         p.cache.token_scale ? ", token-scale mode" : "",
@@ -127,7 +129,7 @@ StatusOr<AttentionPath> select_attention_path(const MlaAttentionParams& p) {
   }
   if (require_sm90) return AttentionPath::kSm90;
   if (require_rows) return AttentionPath::kSm90Rows;
-  if (require_nat || (nat && nat_by_default(p.cache.format))) return AttentionPath::kSm90Nat;
+  if (require_nat || (nat && nat_by_default(p.cache.format, p.sparse()))) return AttentionPath::kSm90Nat;
   if (rows) return AttentionPath::kSm90Rows;
   return sm90 ? AttentionPath::kSm90 : AttentionPath::kSm80;
 }

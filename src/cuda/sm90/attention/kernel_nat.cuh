@@ -285,6 +285,10 @@ __device__ __forceinline__ uint4 e2m1x8_to_bf16(uint32_t w, uint32_t sc) {
 // fp8 code chunks loaded together (1, 2 or 4): 2 in the converters' 32 registers (the e2m1
 // converters load 2 at a time).
 constexpr int kFp8ConvBatch = MLAKV_NAT_FP8_BATCH;
+// Sparse sets: role 0 prefetches its token's record of the stage's next tile into L2 (1) or not (0).
+#ifndef MLAKV_NAT_SPARSE_L2
+#define MLAKV_NAT_SPARSE_L2 0
+#endif
 // The 368-byte records: converts token t's 8-bit rope staged in the rope block at `rb` (one
 // 128-byte box row from record byte 240, 128-byte swizzle) in place to 64 bf16, two
 // converters per token: role r turns code chunks 4 + 2 r, 5 + 2 r (dims 32 r .. 32 r + 31)
@@ -394,6 +398,45 @@ __device__ __forceinline__ void convert_half(uint8_t* pb, int t, int r, int h, i
     }
   }
 }
+
+// Sparse sets: the slot of position pos of query i's top-k list (-1: past the split or an
+// invalid index, which the tile's mask drops).
+__device__ __forceinline__ int32_t sparse_slot(const AttentionParams& p, int b, int i, int64_t pos, int64_t end) {
+  if (pos >= end) return -1;
+  const int32_t raw = p.indices[b * p.ix_s0 + i * p.ix_s1 + pos * p.ix_s2];
+  return raw >= 0 && raw < p.num_slots ? raw : -1;
+}
+
+// Sparse sets have no pages for TMA boxes: each converter gathers its share of its token
+// t's bytes of `part` with 16-byte cp.async copies to where the dense path's boxes put
+// them (the 128-byte swizzle for the code and rope rows, the scale field unswizzled at
+// byte 16 t of the half's first block), so the conversions are the dense ones. Role r
+// copies fp8 code box r (the one it converts), the e2m1 code chunks 4 r .. 4 r + 3 and
+// the rope box's chunks 4 r .. 4 r + 3; role 0 the scale field.
+template <KvFormat F>
+__device__ __forceinline__ void sparse_gather(const uint8_t* rec, uint8_t* stage, int part, int t, int r) {
+  using Q = Quant<F>;
+  namespace gp = mlakv::cuda::ptx;
+  const int sw = t & 7;
+  auto copy_row = [&](uint8_t* row, const uint8_t* src, int c0, int n) __attribute__((always_inline)) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      if (i < n) gp::cp_async_16(gp::smem_addr(row + (((c0 + i) ^ sw) << 4)), src + 16 * (c0 + i));
+    }
+  };
+  if (part == kPartRope) {
+    copy_row(stage + 8 * kBlockBytes + t * 128, rec + Q::kRopeCol, 4 * r, 4);
+    return;
+  }
+  const int h = part - kPartL;
+  uint8_t* pb = stage + 4 * h * kBlockBytes;
+  if constexpr (F == KvFormat::kFp8DsMla) {
+    copy_row(pb + Q::raw_block(r) * kBlockBytes + t * 128, rec + Q::raw_col(h, r), 0, 8);
+  } else {
+    copy_row(pb + Q::raw_block(0) * kBlockBytes + t * 128, rec + Q::raw_col(h, 0), 4 * r, 4);
+  }
+  if (r == 0) gp::cp_async_16(gp::smem_addr(pb + t * 16), rec + Q::kScaleCol + (F == KvFormat::kFp8DsMla ? 0 : 16 * h));
+}
 #endif  // MLAKV_SM90_DEVICE
 
 }  // namespace nat
@@ -402,7 +445,7 @@ __device__ __forceinline__ void convert_half(uint8_t* pb, int t, int r, int h, i
 // tmap16 unused. The quantized formats (Quant<F>): tmap is the cache as [num_slots,
 // record_bytes] bytes with boxes of 128 bytes (128-byte swizzle: the rope and the code
 // boxes), tmap16 the same bytes with boxes of 16 (no swizzle: the scale field).
-template <KvFormat F>
+template <KvFormat F, bool kSparse = false>
 __global__ void __launch_bounds__(nat::kThreadsOf<F>, 1)
     attention_nat_kernel(const __grid_constant__ kernels::AttentionParams p, const __grid_constant__ CUtensorMap tmap,
                          const __grid_constant__ CUtensorMap tmap16) {
@@ -446,7 +489,8 @@ __global__ void __launch_bounds__(nat::kThreadsOf<F>, 1)
     for (int i = 0; i < kParts * kStages; ++i) {
       // A converted part (the quantized formats' V halves, the 368-byte ropes) is full when
       // the stage's 128 converters arrive.
-      ptx::mbar_init(gp::smem_addr(&full[i]), (kQuant && i >= kPartL * kStages) || (kRopeConv && i < kStages) ? 128 : 1);
+      // So is a sparse set's rope block: its 128 converters gather it (sparse_gather).
+      ptx::mbar_init(gp::smem_addr(&full[i]), (kQuant && i >= kPartL * kStages) || ((kRopeConv || kSparse) && i < kStages) ? 128 : 1);
       ptx::mbar_init(gp::smem_addr(&empty[i]), 128);
     }
     for (int i = 0; i < 3 * kStages; ++i) ptx::mbar_init(gp::smem_addr(&staged[i]), 1);
@@ -470,16 +514,28 @@ __global__ void __launch_bounds__(nat::kThreadsOf<F>, 1)
       const int br = p.block_size < kTile ? p.block_size : kTile;
       const int n_box = kTile / br;
       const int tiles_per_lookup = 32 / n_box;
-      if (issuer && lane == 0) {
+      if (issuer && lane == 0 && !kSparse) {
         ptx::prefetch_tensormap(&tmap);
         ptx::prefetch_tensormap(&tmap16);
       }
       int64_t looked_up = -1;
       uint8_t* stage = ring + k * kStageBytes;
+      // Sparse sets: this thread's token of the stage's next tile, looked up a tile ahead
+      // (and its record prefetched into L2 then, by role 0).
+      int32_t next_slot = kSparse ? sparse_slot(p, b, cw.i_fixed, begin + static_cast<int64_t>(k) * kTile + tok, end) : -1;
       for (int u = 0; 2 * u + k < 2 * n_steps; ++u) {
         const int t = 2 * u + k;
         TileBoxes tb{-1, 0u, 0ull};
-        if (issuer) tb = tile_boxes(p, b, begin, end, t, u, lane, br, n_box, tiles_per_lookup, looked_up);
+        int32_t slot = -1;
+        if constexpr (kSparse) {
+          slot = next_slot;
+          next_slot = sparse_slot(p, b, cw.i_fixed, begin + static_cast<int64_t>(t + 2) * kTile + tok, end);
+#if MLAKV_NAT_SPARSE_L2
+          if (role == 0 && next_slot >= 0) ptx::prefetch_l2_bulk(p.cache + static_cast<int64_t>(next_slot) * Q::kRecordBytes, Q::kRecordBytes);
+#endif
+        } else if (issuer) {
+          tb = tile_boxes(p, b, begin, end, t, u, lane, br, n_box, tiles_per_lookup, looked_up);
+        }
         const int64_t row = tb.row;
         const uint32_t valid = tb.valid;
 #pragma unroll 1
@@ -487,7 +543,23 @@ __global__ void __launch_bounds__(nat::kThreadsOf<F>, 1)
           // The parts in the order they are released: the rope block, then the half of the
           // warpgroup that computed the scores (its P V comes first), then the other.
           const int part = o == 0 ? kPartRope : ((o == 1) == (k == 0) ? kPartL : kPartR);
-          if (issuer) {
+          if constexpr (kSparse) {
+            // Every converter gathers its share of its token's bytes (sparse_gather), waits
+            // for its copies, and the stage's 128 meet before reading each other's.
+            if (u >= 1) ptx::mbar_wait(gp::smem_addr(&empty[part * kStages + k]), (u - 1) & 1);
+            if (part == kPartRope) {
+              const uint32_t vb = __ballot_sync(0xFFFFFFFFu, slot >= 0);
+              if (role == 0 && lane == 0) reinterpret_cast<uint32_t*>(&vmask[k])[tok >> 5] = vb;
+            }
+            if (slot >= 0) sparse_gather<F>(p.cache + static_cast<int64_t>(slot) * Q::kRecordBytes, stage, part, tok, role);
+            gp::cp_async_wait_all();
+            if (part == kPartRope && !kRopeConv) {
+              ptx::fence_proxy_async();
+              ptx::mbar_arrive(gp::smem_addr(&full[kPartRope * kStages + k]));
+              continue;
+            }
+            ptx::named_barrier(kBarConv + k, 128);
+          } else if (issuer) {
             if (u >= 1) ptx::mbar_wait(gp::smem_addr(&empty[part * kStages + k]), (u - 1) & 1);
             if (part == kPartRope) {
               // bf16 ropes land as they are used; an 8-bit rope is staged for the converters
@@ -519,14 +591,14 @@ __global__ void __launch_bounds__(nat::kThreadsOf<F>, 1)
             }
           }
           if (kRopeConv && part == kPartRope) {
-            ptx::mbar_wait(gp::smem_addr(&staged[2 * kStages + k]), u & 1);
+            if (!kSparse) ptx::mbar_wait(gp::smem_addr(&staged[2 * kStages + k]), u & 1);
             if constexpr (kRopeConv) convert_rope<F>(stage + 8 * kBlockBytes, tok, role, kBarConv + k);
             ptx::fence_proxy_async();
             ptx::mbar_arrive(gp::smem_addr(&full[kPartRope * kStages + k]));
           }
           if (part != kPartRope) {
             const int h = part - kPartL;
-            ptx::mbar_wait(gp::smem_addr(&staged[h * kStages + k]), u & 1);
+            if (!kSparse) ptx::mbar_wait(gp::smem_addr(&staged[h * kStages + k]), u & 1);
 #ifndef MLAKV_NAT_ABLATE_CONVERT
             // read_a completes once per converted half: this crew's (2 u + o - 1)-th.
             convert_half<F>(stage + 4 * h * kBlockBytes, tok, role, h, kBarConv + k, gp::smem_addr(&staged[3 * kStages + k]),
@@ -1019,8 +1091,13 @@ constexpr int nat_record_bytes() {
 
 template <KvFormat F>
 int nat_configure() {
-  return static_cast<int>(
-      cudaFuncSetAttribute(attention_nat_kernel<F>, cudaFuncAttributeMaxDynamicSharedMemorySize, nat::kSmemBytes));
+  cudaError_t e = cudaFuncSetAttribute(attention_nat_kernel<F>, cudaFuncAttributeMaxDynamicSharedMemorySize, nat::kSmemBytes);
+  if constexpr (F != KvFormat::kBf16) {  // the sparse instantiation (quantized formats only)
+    if (e == cudaSuccess) {
+      e = cudaFuncSetAttribute(attention_nat_kernel<F, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, nat::kSmemBytes);
+    }
+  }
+  return static_cast<int>(e);
 }
 
 template <KvFormat F>
@@ -1031,21 +1108,23 @@ int nat_ctas_per_sm() {
   return e == cudaSuccess ? n : 0;
 }
 
-// Encodes the cache's tensor maps (kernel comment) and launches on grid (row_blocks, B,
-// num_splits).
+// Encodes the cache's tensor maps (kernel comment; a sparse set gathers with cp.async and
+// takes none) and launches on grid (row_blocks, B or B * s_q when sparse, num_splits).
 template <KvFormat F>
 int nat_launch(const kernels::AttentionParams& kp, int row_blocks, void* stream) {
-  if (kp.sparse || kp.token_scale || !nat_supports(F, kp.block_size, kp.num_slots) || kp.record_bytes != nat_record_bytes<F>()) {
+  if (kp.token_scale || !nat_supports(F, kp.block_size, kp.num_slots, kp.sparse) || kp.record_bytes != nat_record_bytes<F>()) {
     return static_cast<int>(cudaErrorInvalidValue);
   }
-  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
-  if (encode == nullptr) return static_cast<int>(cudaErrorNotSupported);
+  CUtensorMap map{}, map16{};
+  CUresult r = CUDA_SUCCESS;
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = kp.sparse ? nullptr : tensor_map_encoder();
+  if (!kp.sparse && encode == nullptr) return static_cast<int>(cudaErrorNotSupported);
   const cuuint32_t rows = static_cast<cuuint32_t>(std::min(kp.block_size, nat::kTile));
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(kp.record_bytes)};
   const cuuint32_t elem[2] = {1, 1};
-  CUtensorMap map{}, map16{};
-  CUresult r;
-  if constexpr (F == KvFormat::kBf16) {
+  if (kp.sparse) {
+    // no tensor maps
+  } else if constexpr (F == KvFormat::kBf16) {
     // The cache as a [num_slots, 576] bf16 matrix (rows record_bytes apart); boxes of 64
     // dims (128 B, the swizzle span) x min(block_size, 64) slots.
     const cuuint64_t dims[2] = {static_cast<cuuint64_t>(kQkDim), static_cast<cuuint64_t>(kp.num_slots)};
@@ -1069,8 +1148,16 @@ int nat_launch(const kernels::AttentionParams& kp, int row_blocks, void* stream)
     }
   }
   if (r != CUDA_SUCCESS) return static_cast<int>(cudaErrorInvalidValue);
-  const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(kp.B), static_cast<unsigned>(kp.num_splits));
-  attention_nat_kernel<F><<<grid, nat::kThreadsOf<F>, nat::kSmemBytes, static_cast<cudaStream_t>(stream)>>>(kp, map, map16);
+  const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(kp.sparse ? kp.B * kp.s_q : kp.B),
+                  static_cast<unsigned>(kp.num_splits));
+  const cudaStream_t st = static_cast<cudaStream_t>(stream);
+  if constexpr (F != KvFormat::kBf16) {
+    if (kp.sparse) {
+      attention_nat_kernel<F, true><<<grid, nat::kThreadsOf<F>, nat::kSmemBytes, st>>>(kp, map, map16);
+      return static_cast<int>(cudaGetLastError());
+    }
+  }
+  attention_nat_kernel<F><<<grid, nat::kThreadsOf<F>, nat::kSmemBytes, st>>>(kp, map, map16);
   return static_cast<int>(cudaGetLastError());
 }
 

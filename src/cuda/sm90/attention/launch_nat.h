@@ -27,16 +27,21 @@ inline constexpr int kNatTokenTile = 64;   // tokens per tile: split chunks are 
 // converted to the bf16 tile in shared memory; not the token-scale mode, which
 // sm90_rows_serves refuses), block sizes that are a multiple of 64 or one of 8, 16, 32 (a
 // box never crosses a page and lands on a 1 KB boundary of the swizzled tile), and slot
-// ids that fit the TMA's 32-bit coordinates.
-inline bool nat_supports(KvFormat format, int block_size, int64_t num_slots) {
-  const bool bs_ok = block_size > 0 && (block_size % 64 == 0 || block_size == 8 || block_size == 16 || block_size == 32);
-  const bool fmt_ok = format == KvFormat::kBf16 || format == KvFormat::kFp8DsMla || is_nvfp4_format(format);
+// ids that fit the TMA's 32-bit coordinates. Sparse (top-k) sets: the quantized formats
+// at any block size (the converters gather each token's bytes with cp.async; bf16 records
+// have no converters and stay on sm90_rows).
+inline bool nat_supports(KvFormat format, int block_size, int64_t num_slots, bool sparse) {
+  const bool quant = format == KvFormat::kFp8DsMla || is_nvfp4_format(format);
+  const bool bs_ok = sparse ? block_size > 0
+                            : block_size > 0 && (block_size % 64 == 0 || block_size == 8 || block_size == 16 || block_size == 32);
+  const bool fmt_ok = quant || (!sparse && format == KvFormat::kBf16);
   return fmt_ok && bs_ok && num_slots >= 1 && num_slots <= 0x7FFFFFFF;
 }
 
-// Whether the plan picks the kernel by itself where nat_supports holds: every format it
-// serves (on the H200 it is faster than sm90_rows for each; docs/perf.md, seventh session).
-inline bool nat_is_default(KvFormat format) { return nat_supports(format, 64, 1); }
+// Whether the plan picks the kernel by itself where nat_supports holds: every format and
+// token set it serves (on the H200 it is faster than sm90_rows for each; docs/perf.md,
+// seventh session for dense sets, ninth for sparse ones).
+inline bool nat_is_default(KvFormat format, bool sparse) { return nat_supports(format, 64, 1, sparse); }
 
 // Per format (instantiations/nat_<format>.cu): the dynamic shared-memory limit (plan time),
 // CTAs per SM (0 on error), and the launch on grid (row_blocks, B, num_splits): the TMA
