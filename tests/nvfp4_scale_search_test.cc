@@ -18,6 +18,7 @@
 #include <hwy/targets.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -347,6 +348,160 @@ TEST(Nvfp4ScaleSearch, WriterGroupFunctionMatchesSpecOnTheHost) {
     }
   }
   EXPECT_GT(groups, 10000);
+}
+
+// The CUDA writers' screened search (codec::nvfp4_search_group, "the nvfp4 scale search's
+// screened path" in record_codec.h) against the spec, on the host (the same float32
+// operations the device runs): wherever it decides (returns a code), the code is the spec's
+// and the 8 code bytes are the spec's, unfolded (|y| and the candidates' values) and folded
+// (|x| = |y| s for powers of two s in [2^-16, 2^16], the values times s, the reciprocals over
+// s). Groups: random (Gaussian, Laplace-like, one large value among small ones, decades of
+// scale), the adversarial latents, groups of values on the three candidates' e2m1 midpoints
+// and values and a few ulps either side, and near ties: one element moved along the floats to
+// where two candidates' errors cross (exact float32 ties among them), where the screen must
+// leave the group undecided or decide it right.
+TEST(Nvfp4ScaleSearch, ScreenedSearchIsTheSpecWhereItDecides) {
+  std::mt19937 rng(71);
+  std::normal_distribution<float> nd;
+  int64_t eligible = 0, decided = 0, exact_ties = 0, tie_groups = 0, tie_undecided = 0;
+  // The spec's code and bytes for |y| = a (signs from y), c0 its RN code.
+  auto check = [&](const float* y, bool near_tie) {
+    float a[16], amax = 0.0f;
+    for (int i = 0; i < 16; ++i) {
+      a[i] = std::abs(y[i]);
+      amax = std::max(amax, a[i]);
+    }
+    const uint32_t c0 = codec::nvfp4_group_scale_code(amax);
+    if (!codec::nvfp4_search_fast_applies(c0, amax)) return;
+    ++eligible;
+    uint32_t mag[2];
+    const int want = codec::nvfp4_search_scale_code(a, c0, mag);
+    uint32_t want_w[2] = {mag[0], mag[1]};
+    for (int i = 0; i < 16; ++i) {
+      if (std::signbit(y[i])) want_w[i / 8] |= 8u << (4 * (i % 8));
+    }
+    uint32_t m2[2];
+    const float e0 = codec::nvfp4_group_sq_error(a, c0, m2), em = codec::nvfp4_group_sq_error(a, c0 - 1, m2);
+    const float ep = c0 < 0x7E ? codec::nvfp4_group_sq_error(a, c0 + 1, m2) : -1.0f;
+    if (e0 == em || e0 == ep || em == ep) ++exact_ties;
+    uint32_t signs[2];
+    codec::nvfp4_group_signs(y, signs);
+    for (float s : {1.0f, 0x1p-16f, 0.125f, 32.0f, 0x1p16f}) {
+      ASSERT_TRUE(codec::nvfp4_search_folds(s));
+      float sf[3], rsf[3], xs[16];
+      for (int k = 0; k < 3; ++k) {
+        const uint32_t c = c0 - 1 + static_cast<uint32_t>(k);
+        const float v = c <= 0x7E ? e4m3_to_f32(static_cast<uint8_t>(c)) : 0.0f;
+        sf[k] = v * s;
+        rsf[k] = v != 0.0f ? codec::reciprocal_rn(v) / s : 0.0f;
+      }
+      for (int i = 0; i < 16; ++i) xs[i] = a[i] * s;  // exact: no subnormal |y| among these groups' nonzeros
+      uint32_t w[2];
+      const int got = codec::nvfp4_search_group(xs, c0, sf, rsf, signs, w);
+      if (s == 1.0f) {
+        if (got >= 0) ++decided;
+        if (near_tie) {
+          ++tie_groups;
+          if (got < 0) ++tie_undecided;
+        }
+      }
+      if (got < 0) continue;
+      ASSERT_EQ(got, want) << "c0 " << c0 << " s " << s << " errors " << em << " " << e0 << " " << ep;
+      ASSERT_EQ(w[0], want_w[0]) << "c0 " << c0 << " s " << s;
+      ASSERT_EQ(w[1], want_w[1]) << "c0 " << c0 << " s " << s;
+    }
+  };
+  // Random groups over decades of scale.
+  int64_t random_eligible = 0, random_decided = 0;
+  for (int it = 0; it < 60000; ++it) {
+    float y[16];
+    const float sc = std::pow(10.0f, std::uniform_real_distribution<float>(-1.5f, 2.5f)(rng));
+    for (int i = 0; i < 16; ++i) {
+      float v = nd(rng) * sc;
+      if (it % 3 == 1) v = std::exponential_distribution<float>(1.0f)(rng) * sc * (nd(rng) > 0 ? 1.0f : -1.0f);
+      if (it % 3 == 2 && i == it % 16) v *= 8.0f;
+      y[i] = v;
+    }
+    const int64_t e = eligible, d = decided;
+    check(y, false);
+    random_eligible += eligible - e;
+    random_decided += decided - d;
+  }
+  // The adversarial latents (the eligible groups among them).
+  for (const auto& lat : adversarial_latents()) {
+    for (int g = 0; g < NV::kNumGroups; ++g) check(lat.data() + 16 * g, false);
+  }
+  // Values on the candidates' e2m1 midpoints and values, +-2 ulps, the maximum near 6 sf_c0.
+  const float points[] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, 6.0f, 7.0f, 2.25f, 4.5f, 1.0f, 3.0f};
+  std::uniform_int_distribution<int> code(codec::kNvfp4SearchMinCode, 0x7E), nb(-2, 2), pick(0, 12), cand(-1, 1);
+  for (int it = 0; it < 20000; ++it) {
+    const int c = code(rng);
+    float y[16];
+    for (int i = 0; i < 16; ++i) {
+      const int cc = std::min(c + cand(rng), 0x7E);
+      float v = points[pick(rng)] * e4m3_to_f32(static_cast<uint8_t>(cc));
+      if (i == 0) v = 6.0f * e4m3_to_f32(static_cast<uint8_t>(c)) * (0.94f + 0.12f * static_cast<float>(it % 1000) / 1000.0f);
+      v = std::bit_cast<float>(std::bit_cast<uint32_t>(v) + static_cast<uint32_t>(nb(rng)));
+      y[i] = (i % 3 == 1) ? -v : v;
+    }
+    check(y, false);
+  }
+  // Near ties: element j (not the maximum) swept to a sign change of E_a - E_b (bisection on
+  // its float32 bits), then the 9 floats around the change.
+  for (int it = 0; it < 1500; ++it) {
+    float y[16], amax = 0.0f;
+    int im = 0;
+    const float sc = std::pow(10.0f, std::uniform_real_distribution<float>(-1.0f, 2.0f)(rng));
+    for (int i = 0; i < 16; ++i) {
+      y[i] = nd(rng) * sc;
+      if (std::abs(y[i]) > amax) amax = std::abs(y[i]), im = i;
+    }
+    const uint32_t c0 = codec::nvfp4_group_scale_code(amax);
+    if (!codec::nvfp4_search_fast_applies(c0, amax)) continue;
+    const int j = (im + 1 + it % 15) % 16;
+    const int pair = it % 3;  // (RN - 1, RN), (RN + 1, RN), (RN + 1, RN - 1)
+    const uint32_t ca = pair == 0 ? c0 - 1 : c0 + 1, cb = pair == 2 ? c0 - 1 : c0;
+    if (ca > 0x7E) continue;
+    auto diff = [&](float v) {
+      float a[16];
+      for (int i = 0; i < 16; ++i) a[i] = std::abs(i == j ? v : y[i]);
+      uint32_t m[2];
+      return codec::nvfp4_group_sq_error(a, ca, m) - codec::nvfp4_group_sq_error(a, cb, m);
+    };
+    float lo = -1.0f, hi = -1.0f, prev = diff(0.0f);
+    for (int k = 1; k <= 64; ++k) {
+      const float v = amax * 0.999f * static_cast<float>(k) / 64.0f, d = diff(v);
+      if ((d < 0.0f) != (prev < 0.0f)) {
+        lo = amax * 0.999f * static_cast<float>(k - 1) / 64.0f;
+        hi = v;
+        break;
+      }
+      prev = d;
+    }
+    if (lo < 0.0f) continue;
+    uint32_t blo = std::bit_cast<uint32_t>(lo), bhi = std::bit_cast<uint32_t>(hi);
+    const bool neg_lo = diff(lo) < 0.0f;
+    while (bhi - blo > 1) {
+      const uint32_t mid = blo + (bhi - blo) / 2;
+      if ((diff(std::bit_cast<float>(mid)) < 0.0f) == neg_lo) blo = mid; else bhi = mid;
+    }
+    for (uint32_t b = blo - 4; b <= bhi + 4; ++b) {
+      float z[16];
+      std::copy(y, y + 16, z);
+      z[j] = std::copysign(std::bit_cast<float>(b), y[j]);
+      check(z, true);
+    }
+  }
+  std::printf("[screened search] %lld eligible groups, %lld decided; random: %lld of %lld undecided; near ties: %lld "
+              "groups, %lld undecided, %lld groups with an exact float32 tie\n",
+              static_cast<long long>(eligible), static_cast<long long>(decided),
+              static_cast<long long>(random_eligible - random_decided), static_cast<long long>(random_eligible),
+              static_cast<long long>(tie_groups), static_cast<long long>(tie_undecided), static_cast<long long>(exact_ties));
+  EXPECT_GT(random_eligible, 50000);
+  EXPECT_LE(random_eligible - random_decided, random_eligible / 1000);  // the screen decides nearly every group
+  EXPECT_GT(tie_undecided, 100);  // the near ties do reach the fallback
+  EXPECT_GT(exact_ties, 100);     // and exact float32 ties are among them
+  EXPECT_GT(tie_groups - tie_undecided, 1000);  // ... and many of them are decided (right)
 }
 
 std::vector<int64_t> simd_targets() {

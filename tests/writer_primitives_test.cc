@@ -9,6 +9,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <limits>
 #include <random>
 #include <vector>
@@ -225,6 +226,66 @@ TEST(WriterPrimitives, Nvfp4FastPathIsTheScalarCodecWhereItApplies) {
   EXPECT_EQ(codec::nvfp4_fast_mode(0.3f), codec::Nvfp4Fast::kReciprocal);
   EXPECT_EQ(codec::nvfp4_fast_mode(1e-20f), codec::Nvfp4Fast::kNone);
   EXPECT_EQ(codec::nvfp4_fast_mode(1e35f), codec::Nvfp4Fast::kNone);
+}
+
+// The scale search's screened path (record_codec.h, "the nvfp4 scale search's screened
+// path"): its per-element magic number M rounds every candidate's quotient onto the e2m1 grid.
+// For every RN code c0 in [9, 0x7E], each candidate c0 - 1, c0, c0 + 1, and |y| from 2^-12 sf_c0
+// to 6.4 sf_c0 (the quotients the fast path sees: every 4099th float32, and every float within
+// 64 ulps of each candidate's e2m1 midpoints and values times sf and of the magic's two
+// thresholds): the codes path (div_rn_by_e4m3, RN(q + M) capped at 2^24 + 6, code k + 2 log2 P)
+// is f32_to_e2m1_satfinite of the IEEE quotient exactly, and the screen's grid value (RN(|y|
+// RN(1/sf) + M) - M, capped at 6) is the spec's e2m1 value, or its neighbour across a midpoint
+// mu with | |y| - mu sf | <= 2^-24 |y|. (Run over every float32 of those ranges once: 4.35e10
+// grid values, 1,240 such neighbours, no other difference; the codes path: no difference.)
+TEST(WriterPrimitives, ScaleSearchMagicRoundsOntoTheE2m1Grid) {
+  static const float kGrid[] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  int64_t checked = 0, neighbours = 0;
+  for (uint32_t c0 = codec::kNvfp4SearchMinCode; c0 <= 0x7Eu; ++c0) {
+    const float sf0 = e4m3_to_f32(static_cast<uint8_t>(c0));
+    const float k0 = codec::mul_rn(codec::reciprocal_rn(sf0), codec::kNvfp4SearchMagicScale);
+    const uint32_t lo = std::bit_cast<uint32_t>(sf0 * 0x1p-12f), hi = std::bit_cast<uint32_t>(6.4f * sf0);
+    std::vector<uint32_t> as;
+    for (uint32_t b = lo; b <= hi; b += 4099) as.push_back(b);
+    auto around = [&](float centre) {
+      const uint32_t cb = std::bit_cast<uint32_t>(centre);
+      for (int d = -64; d <= 64; ++d) {
+        const uint32_t b = cb + static_cast<uint32_t>(d);
+        if (b >= lo && b <= hi) as.push_back(b);
+      }
+    };
+    around(0x1p23f / k0);
+    around(0x1p24f / k0);
+    for (uint32_t c = c0 - 1; c <= std::min(c0 + 1, 0x7Eu); ++c) {
+      const float sf = e4m3_to_f32(static_cast<uint8_t>(c));
+      for (float v : {0.25f, 0.5f, 0.75f, 1.0f, 1.25f, 1.5f, 1.75f, 2.0f, 2.5f, 3.0f, 3.5f, 4.0f, 5.0f, 6.0f, 7.0f}) around(v * sf);
+    }
+    for (uint32_t c = c0 - 1; c <= std::min(c0 + 1, 0x7Eu); ++c) {
+      const float sf = e4m3_to_f32(static_cast<uint8_t>(c)), rsf = codec::reciprocal_rn(sf);
+      for (uint32_t b : as) {
+        const float a = from_bits(b);
+        const float m = codec::nvfp4_search_magic(a, k0);
+        const uint32_t want = f32_to_e2m1_satfinite(a / sf) & 7u;
+        // the codes path
+        const float t = codec::fmin_nonnan(codec::add_rn(codec::div_rn_by_e4m3(a, sf, rsf), m), 16777222.0f);
+        const uint32_t code = (std::bit_cast<uint32_t>(t) - std::bit_cast<uint32_t>(m)) +
+                              2 * ((std::bit_cast<uint32_t>(m) >> 23) - 149);
+        ASSERT_EQ(code, want) << "c0 " << c0 << " c " << c << " |y| " << a;
+        // the screen's grid value
+        const float v = std::min(codec::sub_rn(codec::fma_f(a, rsf, m), m), 6.0f);
+        ++checked;
+        if (v == kGrid[want]) continue;
+        const double mu = 0.5 * (static_cast<double>(v) + kGrid[want]);
+        const bool adjacent = (want > 0 && v == kGrid[want - 1]) || (want < 7 && v == kGrid[want + 1]);
+        ASSERT_TRUE(adjacent && std::abs(static_cast<double>(a) - mu * sf) <= 0x1p-24 * a)
+            << "c0 " << c0 << " c " << c << " |y| " << a << ": screen " << v << ", spec " << kGrid[want];
+        ++neighbours;
+      }
+    }
+  }
+  EXPECT_GT(checked, 10000000);
+  std::printf("[search magic] %lld grid values, %lld neighbours across a midpoint\n", static_cast<long long>(checked),
+              static_cast<long long>(neighbours));
 }
 
 // The group-scale code from the group's max |y|: every 31st non-negative float32 (Inf

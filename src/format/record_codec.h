@@ -613,6 +613,135 @@ MLAKV_HD uint8_t nvfp4_group_search_fast(const float* x, float s, float max_abs_
   return c;
 }
 
+// ---- the nvfp4 scale search's screened path (the CUDA writers) --------------------------------
+// nvfp4_search_scale_code's choice and codes without its three exact quantizations, for a
+// group whose RN code c0 is in [9, 0x7E] and whose max |y| is at most 2856
+// (nvfp4_search_fast_applies): the candidates c0 - 1 (>= 8), c0 and c0 + 1 (<= 0x7E) are then
+// normal e4m3 values, two consecutive ones within a factor 9/8, and every candidate's
+// quotient q = |y| / sf below 6.4 * 9/8 = 7.2 (sf_c0 is within 2^-4 of amax / 6).
+//
+// One magic number per element, shared by the candidates (nvfp4_search_magic): M = 2^22 P with
+// P = 1, 2 or 4 where the RN candidate's quotient times 1 + 2^-7 is below 2, below 4, or not.
+// RN(q + M) rounds q to a multiple of ulp(M) = P / 2 (ties to the even multiple), and in the
+// range each P leaves every candidate's quotient that is the e2m1 rounding, ties included:
+//   P = 1: q_c0 < 1.9845, every q < 1.9845 * 9/8 = 2.2326: e2m1's 0.5 grid below 2.25;
+//   P = 2: every q in [1.9845 * 8/9, 3.969 * 9/8] = [1.764, 4.466]: e2m1 rounds to 2, 3 or 4
+//          there, the unit grid's points (midpoints 2.5 and 3.5, ties to the even one);
+//   P = 4: every q >= 3.969 * 8/9 = 3.528: e2m1 rounds to 4 or 6 there, the even grid's
+//          (midpoint 5, to 4), with the value capped at 6 (e2m1 saturates; only RN - 1 passes 7).
+// The grid value v = RN(q + M) - M is exact, and so is the code: RN(q + M)'s bits are M's plus
+// k = v / (P / 2), and the e2m1 code is k + 2 log2(P) (nvfp4_search_codes_at).
+//
+// The screen (nvfp4_search_group) computes each candidate's error in four float32 operations
+// per element: t = RN(a rsf + M), v = t - M, r = RN(a - v sf), acc = RN(r^2 + acc), with a =
+// |y| and rsf = RN(1/sf). It rounds the exact product a rsf instead of RN(a / sf); both are
+// within u (a / sf) of a / sf (u = 2^-24), so the two grid values differ only across an e2m1
+// midpoint mu with |a - mu sf| <= u a, where the two distances to the grid differ by at most
+// 2 u a and are at least (w / 2) sf - u a (w the cell, mu / w <= 3.5): each square within
+// 28.1 u of the spec's. With the spec's 7 roundings per square and the screen's 18 (its running
+// sum) the screened error E' is within 53.4 u E' (+ 2^-140 for float32 subnormals) of the
+// spec's E. A comparison is decided where |E'_a - E'_b| > 2^-16 max(E'_a, E'_b) + 2^-100
+// (2^-16 = 256 u, 2.4 times the two errors' bounds): there E_a - E_b has the sign of
+// E'_a - E'_b and is not 0, so the spec's strict comparisons (RN - 1 replaces RN where less,
+// RN + 1 the best where less) take the same branches. Elsewhere (near ties: ~3e-5 of Gaussian
+// groups) the screen returns -1 and the caller runs the spec.
+//
+// The writer may fold a power-of-two divisor s in [2^-16, 2^16] into the constants: a = |x|,
+// sf -> sf s, rsf -> RN(1/sf) / s. Every grid rounding is then the same (the products are the
+// same reals), the errors are s^2 times the unfolded ones wherever no float32 subnormal is
+// involved, and the spec's subnormal slack (2^-140) times s^2 <= 2^32 stays below 2^-100; the
+// codes' quotients are nvfp4_group_codes_fast's kPow2 fold.
+constexpr uint32_t kNvfp4SearchMinCode = 9;
+constexpr float kNvfp4SearchTau = 0x1p-16f, kNvfp4SearchAlpha = 0x1p-100f;
+// 2^22 (1 + 2^-7): RN(1/sf_c0) times this is the magic's scale.
+constexpr float kNvfp4SearchMagicScale = 4227072.0f;
+MLAKV_HD bool nvfp4_search_fast_applies(uint32_t c0, float amax_y) {
+  return c0 >= kNvfp4SearchMinCode && amax_y <= 2856.0f;
+}
+// The divisors the writer folds (above).
+MLAKV_HD bool nvfp4_search_folds(float s) {
+  return (f32_bits(s) & 0x7FFFFFu) == 0 && s >= 1.52587891e-05f && s <= 65536.0f;
+}
+// M for one element: k0 = RN(RN(1/sf_c0) kNvfp4SearchMagicScale) (folded: RN(1/sf_c0) / s
+// instead of RN(1/sf_c0)). RN(a k0) is within 3u of 2^22 (1 + 2^-7) q_c0, far from the
+// ranges' edges above (0.7% and more); its binade, floored at 2^22's, is 2^22 P.
+MLAKV_HD float nvfp4_search_magic(float a, float k0) {
+  const float z = fmax_nonnan(mul_rn(a, k0), 4194304.0f);
+  return f32_from_bits(f32_bits(z) & 0x7F800000u);
+}
+// One element's term of a candidate's screened error: acc + (a - v sf)^2, kClamp for RN - 1.
+template <bool kClamp>
+MLAKV_HD float nvfp4_search_term(float a, float m, float sf, float rsf, float acc) {
+  float v = sub_rn(fma_f(a, rsf, m), m);
+  if constexpr (kClamp) v = fmin_nonnan(v, 6.0f);
+  const float r = fma_f(-v, sf, a);
+  return fma_f(r, r, acc);
+}
+// Whether the screen tells E_a from E_b (above).
+MLAKV_HD bool nvfp4_search_decided(float ea, float eb) {
+  return fabs_f(sub_rn(ea, eb)) > fma_f(fmax_nonnan(ea, eb), kNvfp4SearchTau, kNvfp4SearchAlpha);
+}
+// The sign bits of 16 elements as the record's nibbles hold them (bit 3 of each; word k for
+// elements 8k .. 8k + 7).
+MLAKV_HD void nvfp4_group_signs(const float* x, uint32_t* signs) {
+  for (int k = 0; k < 2; ++k) {
+    uint32_t sg = 0;
+    for (int j = 7; j >= 0; --j) sg = (sg << 4) | (f32_bits(x[8 * k + j]) >> 28);
+    signs[k] = sg & 0x88888888u;
+  }
+}
+// The 8 code bytes (two little-endian u32) at candidate scale sf (rsf = RN(1/sf), either
+// folded) from a[16] and the elements' magic numbers m[16]: q = div_rn_by_e4m3(a, sf, rsf) (the
+// IEEE quotient for a >= 2^-12 - below, both quotients below 2^-6: code 0 either way), t =
+// min(RN(q + M), 2^24 + 6) (e2m1's saturation: only P = 4 reaches 2^24 + 8), and the code
+// k + 2p (p = log2 P) of each nibble as two sums per four elements, in the low 16 bits of
+//   sum_j bits(t_j) 16^j  (bits(t) = bits(M) + k: M's bits start at bit 23, past four
+//                          nibbles, whatever the multiplier)
+//   + sum_j bits(M_j) >> (22 - 4j)  (= 2 e_j 16^j, e = 149 + p M's exponent field)
+//   + 0x2236                        (-298 (1 + 16 + 256 + 4096) mod 2^16: the 2 * 149s),
+// then the signs.
+MLAKV_HD void nvfp4_search_codes_at(const float* a, const float* m, float sf, float rsf, const uint32_t* signs,
+                                    uint32_t* w) {
+  uint32_t half[4];
+  for (int h = 0; h < 4; ++h) {
+    uint32_t acc = 0x2236u;
+    for (int j = 0; j < 4; ++j) {
+      const int i = 4 * h + j;
+      const float t = fmin_nonnan(add_rn(div_rn_by_e4m3(a[i], sf, rsf), m[i]), 16777222.0f);
+      acc += f32_bits(t) * (1u << (4 * j)) + (f32_bits(m[i]) >> (22 - 4 * j));
+    }
+    half[h] = acc;
+  }
+  w[0] = ((half[0] & 0xFFFFu) | (half[1] << 16)) | signs[0];
+  w[1] = ((half[2] & 0xFFFFu) | (half[3] << 16)) | signs[1];
+}
+// The screened search of one group: a[16] = |y| (or |x|, folded), c0 its RN code
+// (nvfp4_search_fast_applies), sf[k] / rsf[k] the value and RN(1/value) of code c0 - 1 + k
+// (either folded; for c0 = 0x7E, k = 2 may be anything finite: RN + 1 is not a candidate),
+// signs its sign words. Returns the spec's code and writes its 8 code bytes to w, or returns
+// -1 (undecided: w unset).
+MLAKV_HD int nvfp4_search_group(const float* a, uint32_t c0, const float* sf, const float* rsf, const uint32_t* signs,
+                                uint32_t* w) {
+  const float k0 = mul_rn(rsf[1], kNvfp4SearchMagicScale);
+  float m[16];
+  float em = 0.0f, e0 = 0.0f, ep = 0.0f;
+  for (int i = 0; i < 16; ++i) {
+    m[i] = nvfp4_search_magic(a[i], k0);
+    em = nvfp4_search_term<true>(a[i], m[i], sf[0], rsf[0], em);
+    e0 = nvfp4_search_term<false>(a[i], m[i], sf[1], rsf[1], e0);
+    ep = nvfp4_search_term<false>(a[i], m[i], sf[2], rsf[2], ep);
+  }
+  const bool has_p = c0 < 0x7Eu;
+  const bool down = em < e0;
+  const float best = down ? em : e0;
+  const bool up = has_p && ep < best;
+  if (!nvfp4_search_decided(em, e0) || (has_p && !nvfp4_search_decided(ep, best))) return -1;
+  // (selected, not indexed: a dynamic index would put sf and rsf in local memory on the device)
+  const float sfc = up ? sf[2] : (down ? sf[0] : sf[1]), rsfc = up ? rsf[2] : (down ? rsf[0] : rsf[1]);
+  nvfp4_search_codes_at(a, m, sfc, rsfc, signs, w);
+  return static_cast<int>(up ? c0 + 1 : (down ? c0 - 1 : c0));
+}
+
 // ---- whole records -------------------------------------------------------------------
 // latent[kLatentDim], rope[kRopeDim] float32 in; rec[record_bytes] out (every byte
 // written, pads zero). For bf16 the geometry is (latent_dim, rope_dim).

@@ -221,33 +221,41 @@ struct LaneTally {
 // The nvfp4 writers' per-launch state: s_l, RN(1/s_l) and its fast-path mode (outside
 // token-scale mode, the same for every token), and every e4m3 group scale's value and
 // reciprocal (sf, RN(1/sf)) by code in shared memory (codes 0..127; 0x7F, NaN, never
-// occurs: nvfp4_group_scale_code_fast saturates to 0x7E).
+// occurs: nvfp4_group_scale_code_fast saturates to 0x7E; the search reads it as RN + 1 of
+// 0x7E, not a candidate: 0, 0). The search kernels (kFold) with a power-of-two s_l in
+// [2^-16, 2^16] (codec::nvfp4_search_folds) hold (sf s_l, RN(1/sf) / s_l) instead: the
+// screen's folded constants.
 struct Nvfp4Launch {
   float s, rs;
   codec::Nvfp4Fast mode;
+  bool search_fold;  // the table holds the search's folded constants
   const float2* sf_table;
 };
 constexpr int kSfTableSize = 128;
 // Every thread of the block calls it (it synchronizes the block).
+template <bool kSearch>
 __device__ Nvfp4Launch nvfp4_launch(const WriterParams& p, float2* table) {
-  for (int c = threadIdx.x; c < kSfTableSize; c += blockDim.x) {
-    const float sf = codec::e4m3_to_f32_fast(c == 0x7F ? 0u : static_cast<uint32_t>(c));
-    table[c] = make_float2(sf, sf != 0.0f ? codec::reciprocal_rn(sf) : 0.0f);
-  }
-  __syncthreads();
   Nvfp4Launch l;
   l.s = p.outer_scale;
   l.rs = l.s != 0.0f ? codec::reciprocal_rn(l.s) : 0.0f;
   l.mode = codec::nvfp4_fast_mode(l.s);
+  l.search_fold = kSearch && codec::nvfp4_search_folds(l.s);
+  for (int c = threadIdx.x; c < kSfTableSize; c += blockDim.x) {
+    const float sf = codec::e4m3_to_f32_fast(c == 0x7F ? 0u : static_cast<uint32_t>(c));
+    const float rsf = sf != 0.0f ? codec::reciprocal_rn(sf) : 0.0f;
+    table[c] = l.search_fold ? make_float2(__fmul_rn(sf, l.s), __fmul_rn(rsf, l.rs)) : make_float2(sf, rsf);
+  }
+  __syncthreads();
   l.sf_table = table;
   return l;
 }
 
 // One token: lane `lane`'s parts of record `rec`. kSearch: Nvfp4ScaleMode::kSearch (nvfp4
 // formats, never in token-scale mode).
+// xs: the warp's staging area for the search's fallback (kSearch only; else unused).
 template <KvFormat F, bool kTf, bool kVec, bool kSearch>
 __device__ __forceinline__ void encode_token(const WriterParams& p, const LaneTransform<kTf>& tf, const Nvfp4Launch& nl,
-                                             int lane, int64_t t, uint8_t* rec, LaneTally& tally) {
+                                             int lane, int64_t t, uint8_t* rec, LaneTally& tally, float4* xs) {
   const int64_t lo = t * p.latent_stride, ro = t * p.rope_stride;
   float x[kLaneDims];
   load_run<kLaneDims, kVec>(p.latent, lo + kLaneDims * lane, p.bf16_input, x);
@@ -296,7 +304,7 @@ __device__ __forceinline__ void encode_token(const WriterParams& p, const LaneTr
     for (int i = 0; i < kLaneDims; ++i) lane_amax = fmaxf(lane_amax, fabsf(x[i]));
     float s, rs;
     codec::Nvfp4Fast mode;
-    if (p.token_scale) {
+    if (!kSearch && p.token_scale) {  // (the search kernels run outside token-scale mode only)
       s = warp_max_magnitude(lane_amax) * layout::nvfp4_token_scale::kFactor;
       rs = s != 0.0f ? codec::reciprocal_rn(s) : 0.0f;
       mode = codec::nvfp4_fast_mode(s);
@@ -310,8 +318,66 @@ __device__ __forceinline__ void encode_token(const WriterParams& p, const LaneTr
     uint32_t w[2] = {0, 0};
     if constexpr (kSearch) {
       // Each group's scale code by its squared error (the spec's nvfp4_search_scale_code on
-      // the IEEE quotients |x| / s_l); s_l > 0 always (check_cache_view).
-      sf_code = codec::nvfp4_group_search_fast(x, s, lane_amax, w);
+      // the IEEE quotients |x| / s_l; s_l > 0 always, check_cache_view). Where every lane's
+      // group allows it (s_l on a fast-path mode, codec::nvfp4_search_fast_applies), the
+      // screened search (codec::nvfp4_search_group: the three candidates' errors in four
+      // operations per element, then the chosen scale's codes); lanes it leaves undecided
+      // (near ties) and every lane of other warps take codec::nvfp4_group_search_fast (the
+      // spec's three quantizations, every division path) on x, staged in shared memory (lane
+      // l's float4 k at xs[32 k + l]) so that the screen's registers need not hold it.
+#pragma unroll
+      for (int k = 0; k < kLaneDims / 4; ++k) xs[32 * k + lane] = make_float4(x[4 * k], x[4 * k + 1], x[4 * k + 2], x[4 * k + 3]);
+      int c = -1;
+      if (mode != codec::Nvfp4Fast::kNone) {
+        const float amax_y = codec::nvfp4_fast_amax_y(mode, lane_amax, s, rs);
+        const uint32_t c0 = codec::nvfp4_group_scale_code_fast(amax_y);
+        const bool reciprocal_ok = mode != codec::Nvfp4Fast::kReciprocal || lane_amax * rs <= 6.64613997e+35f;
+        if (__all_sync(0xFFFFFFFFu, codec::nvfp4_search_fast_applies(c0, amax_y) && reciprocal_ok)) {
+          uint32_t signs[2];
+          codec::nvfp4_group_signs(x, signs);
+          float sf[3], rsf[3];
+#pragma unroll
+          for (int k = 0; k < 3; ++k) {
+            const float2 e = nl.sf_table[c0 - 1 + k];
+            sf[k] = e.x;
+            rsf[k] = e.y;
+          }
+          if (nl.search_fold) {  // a power-of-two s_l in [2^-16, 2^16]: |x|, s_l in the table's constants
+            float a[kLaneDims];
+#pragma unroll
+            for (int i = 0; i < kLaneDims; ++i) a[i] = fabsf(x[i]);
+            c = codec::nvfp4_search_group(a, c0, sf, rsf, signs, w);
+          } else {
+            // a = |x| / s: exact for a power of two (the product by RN(1/s) in the fast mode's
+            // range), else div_rn_by_reciprocal (the IEEE quotient wherever |x| >= 2^-100;
+            // below, within a few 2^-149 of it: code 0 either way, and far inside the screen's
+            // slack).
+            float a[kLaneDims];
+            if (mode == codec::Nvfp4Fast::kPow2) {
+#pragma unroll
+              for (int i = 0; i < kLaneDims; ++i) a[i] = __fmul_rn(fabsf(x[i]), rs);
+            } else {
+#pragma unroll
+              for (int i = 0; i < kLaneDims; ++i) a[i] = codec::div_rn_by_reciprocal(fabsf(x[i]), s, rs);
+            }
+            c = codec::nvfp4_search_group(a, c0, sf, rsf, signs, w);
+          }
+        }
+      }
+      if (c >= 0) {
+        sf_code = static_cast<uint8_t>(c);
+      } else {
+        float xf[kLaneDims];
+#pragma unroll
+        for (int k = 0; k < kLaneDims / 4; ++k) {
+          const float4 v = xs[32 * k + lane];
+          xf[4 * k] = v.x;
+          xf[4 * k + 1] = v.y;
+          xf[4 * k + 2] = v.z;
+          xf[4 * k + 3] = v.w;
+        }
+        sf_code = codec::nvfp4_group_search_fast(xf, s, lane_amax, w);
+      }
     } else if (s != 0.0f) {  // s_t = 0: an all-zero latent, zero codes and scales
       // The fast path where every lane's group allows it (s and mode are the warp's).
       bool fast = false;
@@ -333,7 +399,7 @@ __device__ __forceinline__ void encode_token(const WriterParams& p, const LaneTr
     *reinterpret_cast<uint2*>(rec + P::kLatentOffset + Ln::kLatentBytes * lane) = make_uint2(w[0], w[1]);
     rec[P::kScaleOffset + lane] = sf_code;
     // The token scale's bits, or zero: the first u32 of the pad at kTokenScaleOffset.
-    const uint32_t ts_bits = p.token_scale ? f32_bits(s) : 0u;
+    const uint32_t ts_bits = !kSearch && p.token_scale ? f32_bits(s) : 0u;
     const float v0 = r[0], v1 = r[1];
     if constexpr (F == KvFormat::kNvfp4DsMla) {
       static_assert(record::kTokenScaleOffset == P::kPadOffset + 4, "432 B: s_t is the pad's second u32");
@@ -364,10 +430,11 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, kMinBlocksPerSm) write_ca
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
   __shared__ std::conditional_t<kTf, TransformSmem, int> smem;
   __shared__ std::conditional_t<is_nvfp4_format(F), float2[kSfTableSize], int> sf_table;
+  __shared__ std::conditional_t<kSearch, float4[kWarpsPerBlock][kLaneDims / 4 * 32], int> xs;
   LaneTransform<kTf> tf;
   if constexpr (kTf) tf.load(p, &smem);
   Nvfp4Launch nl{};
-  if constexpr (is_nvfp4_format(F)) nl = nvfp4_launch(p, sf_table);
+  if constexpr (is_nvfp4_format(F)) nl = nvfp4_launch<kSearch>(p, sf_table);
   LaneTally tally;
   for (int64_t t = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5); t < p.n; t += stride) {
     const int64_t slot = p.slots[t];
@@ -376,7 +443,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, kMinBlocksPerSm) write_ca
       if (lane == 0 && p.error_count != nullptr) atomicAdd(p.error_count, 1);
       continue;
     }
-    encode_token<F, kTf, kVec, kSearch>(p, tf, nl, lane, t, p.cache + slot * p.record_bytes, tally);
+    float4* xw = nullptr;
+    if constexpr (kSearch) xw = xs[threadIdx.x >> 5];
+    encode_token<F, kTf, kVec, kSearch>(p, tf, nl, lane, t, p.cache + slot * p.record_bytes, tally, xw);
   }
   if constexpr (is_nvfp4_format(F)) {
     if (p.tally != nullptr) tally.flush(p.tally, lane);
