@@ -1884,6 +1884,242 @@ TEST_F(Cuda, WritersScaleSearchIsByteIdenticalToTheCpu) {
   }
 }
 
+// The scale search's screened fast path on the device (codec::nvfp4_search_group, taken by a
+// warp where every group's RN code is in [9, 0x7E] and its max |y| at most 2856): tokens whose
+// every group qualifies - Gaussian groups over three decades, groups of values on the three
+// candidates' e2m1 midpoints and values (and 2 ulps either side), and near ties (one element
+// moved along the floats to where two candidates' float32 errors cross, exact ties among
+// them: the groups the screen leaves to the spec) - plus one token in 16 with a group that
+// does not (the whole warp on the spec's path); outer scales folded into the screen (1, 0.125),
+// a power of two outside the fold (2^-20) and past the fast path's (2^70: the reciprocal
+// path), the reciprocal path (0.3, 7.44e-6) and none (1e-20); f32 input, bf16 and the latent
+// transform at 1 and 0.3. The records equal the CPU codec's byte for byte.
+TEST_F(Cuda, WritersScreenedScaleSearchIsByteIdenticalToTheCpu) {
+  const int n = 2001;
+  const int64_t cap = 2048;
+  std::mt19937 rng(97);
+  std::normal_distribution<float> nd;
+  std::uniform_int_distribution<int> code(static_cast<int>(codec::kNvfp4SearchMinCode), 0x7E), nb(-2, 2), pick(0, 12),
+      cand(-1, 1);
+  const float points[] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, 6.0f, 7.0f, 2.25f, 4.5f, 1.0f, 3.0f};
+  std::vector<int64_t> perm(static_cast<std::size_t>(cap));
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::vector<int64_t> slots(perm.begin(), perm.begin() + n);
+  slots[5] = -1;
+  slots[1000] = cap;
+  std::vector<float> rope(static_cast<std::size_t>(n) * kRopeDim);
+  for (float& x : rope) x = nd(rng);
+  LatentTransformLayer tl = LatentTransformLayer::identity();
+  for (int d = 0; d < kLatentDim; ++d) {
+    tl.mu[static_cast<std::size_t>(d)] = 0.01f * nd(rng);
+    tl.d[static_cast<std::size_t>(d)] = std::exp(0.3f * nd(rng));
+  }
+  tl.rotate = true;
+  tl.sign_seed = 91;
+  // The spec's group error at code c for x / s (IEEE quotients, as the codec takes them).
+  auto sq_error = [](const float* x, float s, uint32_t c) {
+    float a[16];
+    for (int i = 0; i < 16; ++i) a[i] = std::abs(x[i] / s);
+    uint32_t m[2];
+    return codec::nvfp4_group_sq_error(a, c, m);
+  };
+  auto rn_code = [](const float* x, float s, float* amax_y) {
+    float a = 0.0f;
+    for (int i = 0; i < 16; ++i) a = std::max(a, std::abs(x[i] / s));
+    *amax_y = a;
+    return static_cast<uint32_t>(codec::nvfp4_group_scale_code(a));
+  };
+  auto eligible = [&](const float* x, float s) {
+    float amax_y;
+    const uint32_t c0 = rn_code(x, s, &amax_y);
+    return codec::nvfp4_search_fast_applies(c0, amax_y);
+  };
+  for (float outer : {1.0f, 0.125f, 0x1p-20f, 0x1p70f, 0.3f, 7.44e-6f, 1e-20f}) {
+    std::vector<float> lat(static_cast<std::size_t>(n) * kLatentDim);
+    int64_t near_ties = 0;
+    for (int t = 0; t < n; ++t) {
+      for (int g = 0; g < 32; ++g) {
+        float* x = lat.data() + (static_cast<std::size_t>(t) * 32 + g) * 16;
+        const int kind = (t * 32 + g) % 3;
+        if (kind == 0 || kind == 2) {  // Gaussian (kind 2: then a near tie); rescaled until it qualifies
+          const float sc = std::pow(10.0f, std::uniform_real_distribution<float>(-0.8f, 2.2f)(rng));
+          for (int i = 0; i < 16; ++i) x[i] = nd(rng) * sc * outer;
+          for (int k = 0; k < 8 && !eligible(x, outer); ++k) {
+            float amax_y;
+            rn_code(x, outer, &amax_y);
+            for (int i = 0; i < 16; ++i) x[i] *= amax_y > 100.0f ? 0.25f : 4.0f;
+          }
+        } else {  // values on the candidates' midpoints and values, the maximum near 6 sf_c0
+          const int c = code(rng);
+          for (int i = 0; i < 16; ++i) {
+            const int cc = std::min(c + cand(rng), 0x7E);
+            float v = points[pick(rng)] * e4m3_to_f32(static_cast<uint8_t>(cc));
+            if (i == 0) v = 6.0f * e4m3_to_f32(static_cast<uint8_t>(c)) * (0.94f + 0.12f * static_cast<float>((t + g) % 100) / 100.0f);
+            v = std::bit_cast<float>(std::bit_cast<uint32_t>(v) + static_cast<uint32_t>(nb(rng)));
+            x[i] = ((i % 3 == 1) ? -v : v) * outer;
+          }
+        }
+        if (kind == 2 && eligible(x, outer)) {  // a near tie: element j swept to where two errors cross
+          float amax_y;
+          const uint32_t c0 = rn_code(x, outer, &amax_y);
+          int im = 0;
+          for (int i = 1; i < 16; ++i) {
+            if (std::abs(x[i]) > std::abs(x[im])) im = i;
+          }
+          const int j = (im + 1 + (t + g) % 15) % 16;
+          const int pair = (t + g) % 3;
+          const uint32_t ca = pair == 0 ? c0 - 1 : c0 + 1, cb = pair == 2 ? c0 - 1 : c0;
+          const float xmax = std::abs(x[im]), keep = x[j];
+          auto diff = [&](float v) {
+            x[j] = v;
+            const float d = sq_error(x, outer, ca) - sq_error(x, outer, cb);
+            x[j] = keep;
+            return d;
+          };
+          if (ca <= 0x7E) {
+            float lo = -1.0f, hi = -1.0f, prev = diff(0.0f);
+            for (int k = 1; k <= 48; ++k) {
+              const float v = xmax * 0.999f * static_cast<float>(k) / 48.0f, d = diff(v);
+              if ((d < 0.0f) != (prev < 0.0f)) {
+                lo = xmax * 0.999f * static_cast<float>(k - 1) / 48.0f;
+                hi = v;
+                break;
+              }
+              prev = d;
+            }
+            if (lo >= 0.0f) {
+              uint32_t blo = std::bit_cast<uint32_t>(lo), bhi = std::bit_cast<uint32_t>(hi);
+              const bool neg_lo = diff(lo) < 0.0f;
+              while (bhi - blo > 1) {
+                const uint32_t mid = blo + (bhi - blo) / 2;
+                if ((diff(std::bit_cast<float>(mid)) < 0.0f) == neg_lo) blo = mid; else bhi = mid;
+              }
+              x[j] = std::bit_cast<float>(blo + static_cast<uint32_t>(nb(rng)) + 1u);  // within 3 floats of the crossing
+              ++near_ties;
+            }
+          }
+        }
+        if (t % 16 == 7 && g == 5) {  // one group past the fast path: RN code below 9
+          for (int i = 0; i < 16; ++i) x[i] = 0.01f * nd(rng) * outer;
+        }
+      }
+    }
+    for (int in = 0; in < 3; ++in) {  // 0 f32, 1 bf16, 2 f32 with the latent transform
+      const bool bf16_in = in == 1, tf = in == 2;
+      if (in != 0 && outer != 1.0f && outer != 0.3f) continue;
+      std::vector<float> li = lat;
+      if (bf16_in) {
+        for (float& x : li) x = bf16_to_f32(f32_to_bf16(x));
+      }
+      std::vector<float> rp = rope;
+      if (bf16_in) {
+        for (float& x : rp) x = bf16_to_f32(f32_to_bf16(x));
+      }
+      LatentTransformLayer tli = tl;
+      tli.outer_scale = outer;
+      auto kernel = LatentTransformKernel::create(tli);
+      ASSERT_TRUE(kernel.ok()) << kernel.status().to_string();
+      // What the device's paths see, from the host's copy of the screen: warps on the fast
+      // path and the groups it leaves to the spec there.
+      int64_t fast_tokens = 0, undecided = 0;
+      for (KvFormat f : {KvFormat::kNvfp4DsMla, KvFormat::kNvfp4DsMlaFp8Rope, KvFormat::kNvfp4DsMlaInt8Rope}) {
+        SCOPED_TRACE(fmt::format("{} outer {} input {}", format_name(f), outer, in));
+        const int rb = record_bytes(f);
+        std::vector<uint8_t> want(static_cast<std::size_t>(cap) * rb, 0xAB);
+        for (int i = 0; i < n; ++i) {
+          const float* l = li.data() + static_cast<std::size_t>(i) * kLatentDim;
+          const float* r = rp.data() + static_cast<std::size_t>(i) * kRopeDim;
+          float lt[kLatentDim], rt[kRopeDim];
+          if (tf) {
+            kernel->latent(l, lt);
+            kernel->rope(r, rt);
+            l = lt;
+            r = rt;
+          }
+          if (f == KvFormat::kNvfp4DsMla && codec::nvfp4_fast_mode(outer) != codec::Nvfp4Fast::kNone) {
+            bool all = true;
+            for (int g = 0; g < 32; ++g) all = all && eligible(l + 16 * g, outer);
+            if (all) {
+              ++fast_tokens;
+              for (int g = 0; g < 32; ++g) {
+                float a[16], amax_y, sf[3], rsf[3];
+                for (int k = 0; k < 16; ++k) a[k] = std::abs(l[16 * g + k] / outer);
+                const uint32_t c0 = rn_code(l + 16 * g, outer, &amax_y);
+                for (int k = 0; k < 3; ++k) {
+                  const uint32_t c = c0 - 1 + static_cast<uint32_t>(k);
+                  sf[k] = c <= 0x7E ? e4m3_to_f32(static_cast<uint8_t>(c)) : 0.0f;
+                  rsf[k] = sf[k] != 0.0f ? codec::reciprocal_rn(sf[k]) : 0.0f;
+                }
+                uint32_t signs[2] = {0, 0}, w[2];
+                if (codec::nvfp4_search_group(a, c0, sf, rsf, signs, w) < 0) ++undecided;
+              }
+            }
+          }
+          const int64_t s = slots[static_cast<std::size_t>(i)];
+          if (s < 0 || s >= cap) continue;
+          codec::encode_record(f, l, r, outer, Fp8ScaleMode::kPow2, want.data() + s * rb, false, Nvfp4ScaleMode::kSearch);
+        }
+        DeviceBuffer<uint8_t> d_cache(want.size());
+        CUDA_OK(cudaMemset(d_cache.ptr, 0xAB, want.size()));
+        DeviceBuffer<int64_t> d_slots(slots.size());
+        d_slots.upload(slots);
+        std::vector<uint16_t> lat16, rope16;
+        for (float x : li) lat16.push_back(f32_to_bf16(x));
+        for (float x : rp) rope16.push_back(f32_to_bf16(x));
+        DeviceBuffer<float> d_lat(li.size()), d_rope(rp.size());
+        DeviceBuffer<uint16_t> d_lat16(lat16.size()), d_rope16(rope16.size());
+        d_lat.upload(li);
+        d_rope.upload(rp);
+        d_lat16.upload(lat16);
+        d_rope16.upload(rope16);
+        DeviceBuffer<int> d_err(1);
+        CUDA_OK(cudaMemset(d_err.ptr, 0, sizeof(int)));
+        CacheLayerView v;
+        v.data = d_cache.ptr;
+        v.num_blocks = cap / 16;
+        v.block_size = 16;
+        v.record_bytes = rb;
+        v.format = f;
+        v.outer_scale = outer;
+        v.nvfp4_scales = Nvfp4ScaleMode::kSearch;
+        v.device = Device::cuda(0);
+        const auto dt = bf16_in ? DType::kBF16 : DType::kF32;
+        const TensorView ts = TensorView::contiguous(d_slots.ptr, DType::kI64, {n}, Device::cuda(0));
+        const TensorView tlv = TensorView::contiguous(bf16_in ? static_cast<void*>(d_lat16.ptr) : d_lat.ptr, dt,
+                                                      {n, kLatentDim}, Device::cuda(0));
+        const TensorView trv = TensorView::contiguous(bf16_in ? static_cast<void*>(d_rope16.ptr) : d_rope.ptr, dt,
+                                                      {n, kRopeDim}, Device::cuda(0));
+        Status st = Status::Ok();
+        if (tf) {
+          auto dtf = cuda::DeviceLatentTransform::upload(*kernel, 0);
+          ASSERT_TRUE(dtf.ok()) << dtf.status().to_string();
+          st = cuda::write_cache(v, ts, tlv, trv, Fp8ScaleMode::kPow2, *dtf, nullptr, d_err.ptr);
+          CUDA_OK(cudaDeviceSynchronize());
+        } else {
+          st = cuda::write_cache(v, ts, tlv, trv, Fp8ScaleMode::kPow2, nullptr, d_err.ptr);
+        }
+        ASSERT_TRUE(st.ok()) << st.to_string();
+        CUDA_OK(cudaDeviceSynchronize());
+        EXPECT_EQ(d_err.download()[0], 1);
+        const auto got = d_cache.download();
+        for (std::size_t k = 0; k < got.size(); ++k) {
+          ASSERT_EQ(got[k], want[k]) << "byte " << k << " (slot " << k / static_cast<std::size_t>(rb) << ", offset "
+                                     << k % static_cast<std::size_t>(rb) << ")";
+        }
+      }
+      std::printf("  outer %g input %d: %lld near ties built, %lld of %d tokens on the fast path, %lld groups there left "
+                  "to the spec\n",
+                  static_cast<double>(outer), in, static_cast<long long>(near_ties), static_cast<long long>(fast_tokens), n,
+                  static_cast<long long>(undecided));
+      if (in == 0 && codec::nvfp4_fast_mode(outer) != codec::Nvfp4Fast::kNone) {
+        EXPECT_GT(fast_tokens, n / 2);  // the fast path is what runs
+        EXPECT_GT(undecided, 20);       // and its fallback too
+      }
+    }
+  }
+}
+
 // The writer's nvfp4 subnormal-scale tally equals the CPU's check (nvfp4_scale_check, what
 // KvCache::write warns from) over the tokens written: groups of every size around the
 // subnormal edge amax_g = 6 * 2^-6 * s_l (and exactly on it), zero groups, several outer

@@ -7,8 +7,10 @@
 // [16l, 16l+16), rope dims [2l, 2l+2). The nvfp4 writers are bound by instruction issue
 // and the ALU pipe (half the issue rate), so their element code keeps to the FMA pipe
 // where it can (docs/perf.md, "Cache writers, helper wrt3"). The nvfp4 scale search
-// (Nvfp4ScaleMode::kSearch) runs codec::nvfp4_group_search_fast per lane (one group each) in
-// its own kernel instantiations, so the round-to-nearest kernels are unchanged.
+// (Nvfp4ScaleMode::kSearch) runs in its own kernel instantiations, so the round-to-nearest
+// kernels are unchanged: per lane (one group each) codec::nvfp4_search_group, the screened
+// search, where the warp's groups allow it, else and for the groups it leaves undecided
+// codec::nvfp4_group_search_fast (docs/perf.md, "Cache writers, helper srch").
 #include <cuda_runtime.h>
 
 #include <algorithm>
