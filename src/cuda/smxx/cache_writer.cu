@@ -238,16 +238,27 @@ constexpr int kSfTableSize = 128;
 template <bool kSearch>
 __device__ Nvfp4Launch nvfp4_launch(const WriterParams& p, float2* table) {
   Nvfp4Launch l;
-  l.s = p.outer_scale;
-  l.rs = l.s != 0.0f ? codec::reciprocal_rn(l.s) : 0.0f;
-  l.mode = codec::nvfp4_fast_mode(l.s);
-  l.search_fold = kSearch && codec::nvfp4_search_folds(l.s);
+  if constexpr (kSearch) {
+    l.s = p.outer_scale;
+    l.rs = l.s != 0.0f ? codec::reciprocal_rn(l.s) : 0.0f;
+    l.search_fold = codec::nvfp4_search_folds(l.s);
+  }
   for (int c = threadIdx.x; c < kSfTableSize; c += blockDim.x) {
     const float sf = codec::e4m3_to_f32_fast(c == 0x7F ? 0u : static_cast<uint32_t>(c));
     const float rsf = sf != 0.0f ? codec::reciprocal_rn(sf) : 0.0f;
-    table[c] = l.search_fold ? make_float2(__fmul_rn(sf, l.s), __fmul_rn(rsf, l.rs)) : make_float2(sf, rsf);
+    if constexpr (kSearch) {
+      table[c] = l.search_fold ? make_float2(__fmul_rn(sf, l.s), __fmul_rn(rsf, l.rs)) : make_float2(sf, rsf);
+    } else {
+      table[c] = make_float2(sf, rsf);
+    }
   }
   __syncthreads();
+  if constexpr (!kSearch) {
+    l.s = p.outer_scale;
+    l.rs = l.s != 0.0f ? codec::reciprocal_rn(l.s) : 0.0f;
+    l.search_fold = false;
+  }
+  l.mode = codec::nvfp4_fast_mode(l.s);
   l.sf_table = table;
   return l;
 }
