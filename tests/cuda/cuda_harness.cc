@@ -1731,6 +1731,71 @@ TEST_F(Cuda, WritersAreByteIdenticalOnAdversarialInputs) {
 // each candidate scale (RN - 1, RN, RN + 1) and their neighbours, e4m3 subnormal and saturating
 // group maxima, zeros, tiny and huge groups, more tokens than warps, padding, a slot past the
 // layer; with the latent transform too. The per-token scale mode with the search is refused.
+// The CUDA writer in the nvfp4 scale search mode over `slots` (lat / rope float32, or bf16
+// when bf16_in; the latent transform `kernel` fused when tf) against the CPU codec's bytes
+// `want` (unwritten slots 0xAB), every byte; with `refusal` also that the search refuses the
+// per-token scale mode and launches nothing.
+void expect_search_writer_bytes(KvFormat f, int cap, float outer, bool bf16_in, bool tf, const LatentTransformKernel& kernel,
+                                const std::vector<int64_t>& slots, const std::vector<float>& lat,
+                                const std::vector<float>& rp, const std::vector<uint8_t>& want, bool refusal) {
+  const int rb = record_bytes(f);
+  const int64_t n = static_cast<int64_t>(slots.size());
+  DeviceBuffer<uint8_t> d_cache(want.size());
+  CUDA_OK(cudaMemset(d_cache.ptr, 0xAB, want.size()));
+  DeviceBuffer<int64_t> d_slots(slots.size());
+  d_slots.upload(slots);
+  std::vector<uint16_t> lat16, rope16;
+  for (float x : lat) lat16.push_back(f32_to_bf16(x));
+  for (float x : rp) rope16.push_back(f32_to_bf16(x));
+  DeviceBuffer<float> d_lat(lat.size()), d_rope(rp.size());
+  DeviceBuffer<uint16_t> d_lat16(lat16.size()), d_rope16(rope16.size());
+  d_lat.upload(lat);
+  d_rope.upload(rp);
+  d_lat16.upload(lat16);
+  d_rope16.upload(rope16);
+  DeviceBuffer<int> d_err(1);
+  CUDA_OK(cudaMemset(d_err.ptr, 0, sizeof(int)));
+  CacheLayerView v;
+  v.data = d_cache.ptr;
+  v.num_blocks = cap / 16;
+  v.block_size = 16;
+  v.record_bytes = rb;
+  v.format = f;
+  v.outer_scale = outer;
+  v.nvfp4_scales = Nvfp4ScaleMode::kSearch;
+  v.device = Device::cuda(0);
+  const auto dt = bf16_in ? DType::kBF16 : DType::kF32;
+  const TensorView ts = TensorView::contiguous(d_slots.ptr, DType::kI64, {n}, Device::cuda(0));
+  const TensorView tlv = TensorView::contiguous(bf16_in ? static_cast<void*>(d_lat16.ptr) : d_lat.ptr, dt,
+                                                {n, kLatentDim}, Device::cuda(0));
+  const TensorView trv = TensorView::contiguous(bf16_in ? static_cast<void*>(d_rope16.ptr) : d_rope.ptr, dt,
+                                                {n, kRopeDim}, Device::cuda(0));
+  Status st = Status::Ok();
+  if (tf) {
+    auto dtf = cuda::DeviceLatentTransform::upload(kernel, 0);
+    ASSERT_TRUE(dtf.ok()) << dtf.status().to_string();
+    st = cuda::write_cache(v, ts, tlv, trv, Fp8ScaleMode::kPow2, *dtf, nullptr, d_err.ptr);
+    CUDA_OK(cudaDeviceSynchronize());
+  } else {
+    st = cuda::write_cache(v, ts, tlv, trv, Fp8ScaleMode::kPow2, nullptr, d_err.ptr);
+  }
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_EQ(d_err.download()[0], 1);
+  const auto got = d_cache.download();
+  for (std::size_t k = 0; k < got.size(); ++k) {
+    ASSERT_EQ(got[k], want[k]) << "byte " << k << " (slot " << k / static_cast<std::size_t>(rb) << ", offset "
+                               << k % static_cast<std::size_t>(rb) << ")";
+  }
+  if (refusal) {  // the search with the per-token scale mode: refused, nothing launched
+    CacheLayerView w = v;
+    w.token_scale = true;
+    const Status bad = cuda::write_cache(w, ts, tlv, trv, Fp8ScaleMode::kPow2, nullptr, d_err.ptr);
+    EXPECT_FALSE(bad.ok());
+    EXPECT_NE(bad.message().find("per-token scale mode"), std::string::npos) << bad.to_string();
+  }
+}
+
 TEST_F(Cuda, WritersScaleSearchIsByteIdenticalToTheCpu) {
   const int n = 3001;
   const int64_t cap = 3072;
@@ -1825,60 +1890,8 @@ TEST_F(Cuda, WritersScaleSearchIsByteIdenticalToTheCpu) {
           }
           codec::encode_record(f, l, r, s_l, Fp8ScaleMode::kPow2, want.data() + s * rb, false, Nvfp4ScaleMode::kSearch);
         }
-        DeviceBuffer<uint8_t> d_cache(want.size());
-        CUDA_OK(cudaMemset(d_cache.ptr, 0xAB, want.size()));
-        DeviceBuffer<int64_t> d_slots(slots.size());
-        d_slots.upload(slots);
-        std::vector<uint16_t> lat16, rope16;
-        for (float x : lat) lat16.push_back(f32_to_bf16(x));
-        for (float x : rp) rope16.push_back(f32_to_bf16(x));
-        DeviceBuffer<float> d_lat(lat.size()), d_rope(rp.size());
-        DeviceBuffer<uint16_t> d_lat16(lat16.size()), d_rope16(rope16.size());
-        d_lat.upload(lat);
-        d_rope.upload(rp);
-        d_lat16.upload(lat16);
-        d_rope16.upload(rope16);
-        DeviceBuffer<int> d_err(1);
-        CUDA_OK(cudaMemset(d_err.ptr, 0, sizeof(int)));
-        CacheLayerView v;
-        v.data = d_cache.ptr;
-        v.num_blocks = cap / 16;
-        v.block_size = 16;
-        v.record_bytes = rb;
-        v.format = f;
-        v.outer_scale = s_l;
-        v.nvfp4_scales = Nvfp4ScaleMode::kSearch;
-        v.device = Device::cuda(0);
-        const auto dt = bf16_in ? DType::kBF16 : DType::kF32;
-        const TensorView ts = TensorView::contiguous(d_slots.ptr, DType::kI64, {n}, Device::cuda(0));
-        const TensorView tlv = TensorView::contiguous(bf16_in ? static_cast<void*>(d_lat16.ptr) : d_lat.ptr, dt,
-                                                      {n, kLatentDim}, Device::cuda(0));
-        const TensorView trv = TensorView::contiguous(bf16_in ? static_cast<void*>(d_rope16.ptr) : d_rope.ptr, dt,
-                                                      {n, kRopeDim}, Device::cuda(0));
-        Status st = Status::Ok();
-        if (tf) {
-          auto dtf = cuda::DeviceLatentTransform::upload(*kernel, 0);
-          ASSERT_TRUE(dtf.ok()) << dtf.status().to_string();
-          st = cuda::write_cache(v, ts, tlv, trv, Fp8ScaleMode::kPow2, *dtf, nullptr, d_err.ptr);
-          CUDA_OK(cudaDeviceSynchronize());
-        } else {
-          st = cuda::write_cache(v, ts, tlv, trv, Fp8ScaleMode::kPow2, nullptr, d_err.ptr);
-        }
-        ASSERT_TRUE(st.ok()) << st.to_string();
-        CUDA_OK(cudaDeviceSynchronize());
-        EXPECT_EQ(d_err.download()[0], 1);
-        const auto got = d_cache.download();
-        for (std::size_t k = 0; k < got.size(); ++k) {
-          ASSERT_EQ(got[k], want[k]) << "byte " << k << " (slot " << k / static_cast<std::size_t>(rb) << ", offset "
-                                     << k % static_cast<std::size_t>(rb) << ")";
-        }
-        if (in == 0 && outer == 1.0f) {  // the search with the per-token scale mode: refused, nothing launched
-          CacheLayerView w = v;
-          w.token_scale = true;
-          const Status bad = cuda::write_cache(w, ts, tlv, trv, Fp8ScaleMode::kPow2, nullptr, d_err.ptr);
-          EXPECT_FALSE(bad.ok());
-          EXPECT_NE(bad.message().find("per-token scale mode"), std::string::npos) << bad.to_string();
-        }
+        expect_search_writer_bytes(f, cap, s_l, bf16_in, tf, *kernel, slots, lat, rp, want,
+                                   /*refusal=*/in == 0 && outer == 1.0f);
       }
     }
   }
@@ -2060,53 +2073,7 @@ TEST_F(Cuda, WritersScreenedScaleSearchIsByteIdenticalToTheCpu) {
           if (s < 0 || s >= cap) continue;
           codec::encode_record(f, l, r, outer, Fp8ScaleMode::kPow2, want.data() + s * rb, false, Nvfp4ScaleMode::kSearch);
         }
-        DeviceBuffer<uint8_t> d_cache(want.size());
-        CUDA_OK(cudaMemset(d_cache.ptr, 0xAB, want.size()));
-        DeviceBuffer<int64_t> d_slots(slots.size());
-        d_slots.upload(slots);
-        std::vector<uint16_t> lat16, rope16;
-        for (float x : li) lat16.push_back(f32_to_bf16(x));
-        for (float x : rp) rope16.push_back(f32_to_bf16(x));
-        DeviceBuffer<float> d_lat(li.size()), d_rope(rp.size());
-        DeviceBuffer<uint16_t> d_lat16(lat16.size()), d_rope16(rope16.size());
-        d_lat.upload(li);
-        d_rope.upload(rp);
-        d_lat16.upload(lat16);
-        d_rope16.upload(rope16);
-        DeviceBuffer<int> d_err(1);
-        CUDA_OK(cudaMemset(d_err.ptr, 0, sizeof(int)));
-        CacheLayerView v;
-        v.data = d_cache.ptr;
-        v.num_blocks = cap / 16;
-        v.block_size = 16;
-        v.record_bytes = rb;
-        v.format = f;
-        v.outer_scale = outer;
-        v.nvfp4_scales = Nvfp4ScaleMode::kSearch;
-        v.device = Device::cuda(0);
-        const auto dt = bf16_in ? DType::kBF16 : DType::kF32;
-        const TensorView ts = TensorView::contiguous(d_slots.ptr, DType::kI64, {n}, Device::cuda(0));
-        const TensorView tlv = TensorView::contiguous(bf16_in ? static_cast<void*>(d_lat16.ptr) : d_lat.ptr, dt,
-                                                      {n, kLatentDim}, Device::cuda(0));
-        const TensorView trv = TensorView::contiguous(bf16_in ? static_cast<void*>(d_rope16.ptr) : d_rope.ptr, dt,
-                                                      {n, kRopeDim}, Device::cuda(0));
-        Status st = Status::Ok();
-        if (tf) {
-          auto dtf = cuda::DeviceLatentTransform::upload(*kernel, 0);
-          ASSERT_TRUE(dtf.ok()) << dtf.status().to_string();
-          st = cuda::write_cache(v, ts, tlv, trv, Fp8ScaleMode::kPow2, *dtf, nullptr, d_err.ptr);
-          CUDA_OK(cudaDeviceSynchronize());
-        } else {
-          st = cuda::write_cache(v, ts, tlv, trv, Fp8ScaleMode::kPow2, nullptr, d_err.ptr);
-        }
-        ASSERT_TRUE(st.ok()) << st.to_string();
-        CUDA_OK(cudaDeviceSynchronize());
-        EXPECT_EQ(d_err.download()[0], 1);
-        const auto got = d_cache.download();
-        for (std::size_t k = 0; k < got.size(); ++k) {
-          ASSERT_EQ(got[k], want[k]) << "byte " << k << " (slot " << k / static_cast<std::size_t>(rb) << ", offset "
-                                     << k % static_cast<std::size_t>(rb) << ")";
-        }
+        expect_search_writer_bytes(f, cap, outer, bf16_in, tf, *kernel, slots, li, rp, want, /*refusal=*/false);
       }
       std::printf("  outer %g input %d: %lld near ties built, %lld of %d tokens on the fast path, %lld groups there left "
                   "to the spec\n",
