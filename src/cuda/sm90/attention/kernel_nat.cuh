@@ -420,11 +420,11 @@ __device__ __forceinline__ int32_t sparse_slot(const AttentionParams& p, int b, 
 // converters (role wq / 2) gathers for its 32 tokens 32 (wq % 2) .. + 31 (lane l holds
 // token 32 (wq % 2) + l's slot, -1 for none): role r the fp8 code box r, the e2m1 code
 // chunks 4 r .. 4 r + 3 and the rope box's chunks 4 r .. 4 r + 3, role 0 the scale field.
-// With MLAKV_NAT_SPARSE_COALESCE (default) consecutive lanes copy consecutive chunks of
+// With MLAKV_NAT_SPARSE_COALESCE=1 consecutive lanes copy consecutive chunks of
 // one record (an instruction covers 32 / m records' m chunks each, whole sectors), else
-// each lane its own token's chunks (32 records per instruction, half of each sector).
+// each lane its own token's chunks (32 records per instruction, half of each sector). Default 0: measured faster (perf.md, ninth session).
 #ifndef MLAKV_NAT_SPARSE_COALESCE
-#define MLAKV_NAT_SPARSE_COALESCE 1
+#define MLAKV_NAT_SPARSE_COALESCE 0
 #endif
 template <KvFormat F>
 __device__ __forceinline__ void sparse_gather(const uint8_t* cache, int32_t slot, uint8_t* stage, int part, int t0, int lane, int r) {
