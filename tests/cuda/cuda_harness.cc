@@ -1731,6 +1731,29 @@ TEST_F(Cuda, WritersAreByteIdenticalOnAdversarialInputs) {
 // each candidate scale (RN - 1, RN, RN + 1) and their neighbours, e4m3 subnormal and saturating
 // group maxima, zeros, tiny and huge groups, more tokens than warps, padding, a slot past the
 // layer; with the latent transform too. The per-token scale mode with the search is refused.
+// The scale-search writer tests' inputs: n of cap slots in a shuffled order, slot `skipped`
+// -1 and slot `past` = cap (both left alone by the writer); a latent transform with a small
+// mean, per-dim gains around 1 and the seeded rotation.
+std::vector<int64_t> search_writer_slots(int64_t cap, int n, int skipped, int past, std::mt19937& rng) {
+  std::vector<int64_t> perm(static_cast<std::size_t>(cap));
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::vector<int64_t> slots(perm.begin(), perm.begin() + n);
+  slots[static_cast<std::size_t>(skipped)] = -1;
+  slots[static_cast<std::size_t>(past)] = cap;
+  return slots;
+}
+LatentTransformLayer search_writer_transform(std::mt19937& rng, std::normal_distribution<float>& nd, uint64_t sign_seed) {
+  LatentTransformLayer tl = LatentTransformLayer::identity();
+  for (int d = 0; d < kLatentDim; ++d) {
+    tl.mu[static_cast<std::size_t>(d)] = 0.01f * nd(rng);
+    tl.d[static_cast<std::size_t>(d)] = std::exp(0.3f * nd(rng));
+  }
+  tl.rotate = true;
+  tl.sign_seed = sign_seed;
+  return tl;
+}
+
 // The CUDA writer in the nvfp4 scale search mode over `slots` (lat / rope float32, or bf16
 // when bf16_in; the latent transform `kernel` fused when tf) against the CPU codec's bytes
 // `want` (unwritten slots 0xAB), every byte; with `refusal` also that the search refuses the
@@ -1803,21 +1826,10 @@ TEST_F(Cuda, WritersScaleSearchIsByteIdenticalToTheCpu) {
   std::normal_distribution<float> nd;
   std::uniform_int_distribution<int> pick(0, 9), nb(-2, 2), cand(-1, 1);
   const float ties[] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, 6.0f, 0.5f, 0.0625f};
-  std::vector<int64_t> perm(static_cast<std::size_t>(cap));
-  std::iota(perm.begin(), perm.end(), 0);
-  std::shuffle(perm.begin(), perm.end(), rng);
-  std::vector<int64_t> slots(perm.begin(), perm.begin() + n);
-  slots[9] = -1;
-  slots[2000] = cap;
+  const std::vector<int64_t> slots = search_writer_slots(cap, n, 9, 2000, rng);
   std::vector<float> rope(static_cast<std::size_t>(n) * kRopeDim);
   for (float& x : rope) x = nd(rng);
-  LatentTransformLayer tl = LatentTransformLayer::identity();
-  for (int d = 0; d < kLatentDim; ++d) {
-    tl.mu[static_cast<std::size_t>(d)] = 0.01f * nd(rng);
-    tl.d[static_cast<std::size_t>(d)] = std::exp(0.3f * nd(rng));
-  }
-  tl.rotate = true;
-  tl.sign_seed = 77;
+  LatentTransformLayer tl = search_writer_transform(rng, nd, 77);
   tl.rope_rotate = true;
   tl.rope_sign_seed = 78;
   for (KvFormat f : {KvFormat::kNvfp4DsMla, KvFormat::kNvfp4DsMlaFp8Rope, KvFormat::kNvfp4DsMlaInt8Rope}) {
@@ -1915,21 +1927,10 @@ TEST_F(Cuda, WritersScreenedScaleSearchIsByteIdenticalToTheCpu) {
   std::uniform_int_distribution<int> code(static_cast<int>(codec::kNvfp4SearchMinCode), 0x7E), nb(-2, 2), pick(0, 12),
       cand(-1, 1);
   const float points[] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, 6.0f, 7.0f, 2.25f, 4.5f, 1.0f, 3.0f};
-  std::vector<int64_t> perm(static_cast<std::size_t>(cap));
-  std::iota(perm.begin(), perm.end(), 0);
-  std::shuffle(perm.begin(), perm.end(), rng);
-  std::vector<int64_t> slots(perm.begin(), perm.begin() + n);
-  slots[5] = -1;
-  slots[1000] = cap;
+  const std::vector<int64_t> slots = search_writer_slots(cap, n, 5, 1000, rng);
   std::vector<float> rope(static_cast<std::size_t>(n) * kRopeDim);
   for (float& x : rope) x = nd(rng);
-  LatentTransformLayer tl = LatentTransformLayer::identity();
-  for (int d = 0; d < kLatentDim; ++d) {
-    tl.mu[static_cast<std::size_t>(d)] = 0.01f * nd(rng);
-    tl.d[static_cast<std::size_t>(d)] = std::exp(0.3f * nd(rng));
-  }
-  tl.rotate = true;
-  tl.sign_seed = 91;
+  LatentTransformLayer tl = search_writer_transform(rng, nd, 91);
   // The spec's group error at code c for x / s (IEEE quotients, as the codec takes them).
   auto sq_error = [](const float* x, float s, uint32_t c) {
     float a[16];

@@ -285,16 +285,6 @@ __device__ __forceinline__ uint4 e2m1x8_to_bf16(uint32_t w, uint32_t sc) {
 // fp8 code chunks loaded together (1, 2 or 4): 2 in the converters' 32 registers (the e2m1
 // converters load 2 at a time).
 constexpr int kFp8ConvBatch = MLAKV_NAT_FP8_BATCH;
-// Sparse sets: each part's gathers wait for the part to be empty and then for their own
-// completion (0), or the next part's go out right after where it is already empty (1).
-#ifndef MLAKV_NAT_SPARSE_AHEAD
-#define MLAKV_NAT_SPARSE_AHEAD 0
-#endif
-// Sparse sets: the record of a thread's token of the stage's next tile is prefetched into
-// L2 by the TMA engine (1, role 0), by line prefetches (2, prefetch_record_l2) or not (0).
-#ifndef MLAKV_NAT_SPARSE_L2
-#define MLAKV_NAT_SPARSE_L2 0
-#endif
 // The 368-byte records: converts token t's 8-bit rope staged in the rope block at `rb` (one
 // 128-byte box row from record byte 240, 128-byte swizzle) in place to 64 bf16, two
 // converters per token: role r turns code chunks 4 + 2 r, 5 + 2 r (dims 32 r .. 32 r + 31)
@@ -413,78 +403,40 @@ __device__ __forceinline__ int32_t sparse_slot(const AttentionParams& p, int b, 
   return raw >= 0 && raw < p.num_slots ? raw : -1;
 }
 
-// Sparse sets have no pages for TMA boxes: the converters gather their tokens' bytes of
-// `part` with 16-byte cp.async copies to where the dense path's boxes put them (the
-// 128-byte swizzle for the code and rope rows, the scale field unswizzled at byte 16 t of
-// the half's first block), so the conversions are the dense ones. Warp wq of the stage's
-// converters (role wq / 2) gathers for its 32 tokens 32 (wq % 2) .. + 31 (lane l holds
-// token 32 (wq % 2) + l's slot, -1 for none): role r the fp8 code box r, the e2m1 code
-// chunks 4 r .. 4 r + 3 and the rope box's chunks 4 r .. 4 r + 3, role 0 the scale field.
-// With MLAKV_NAT_SPARSE_COALESCE=1 consecutive lanes copy consecutive chunks of
-// one record (an instruction covers 32 / m records' m chunks each, whole sectors), else
-// each lane its own token's chunks (32 records per instruction, half of each sector). Default 0: measured faster (perf.md, ninth session).
-#ifndef MLAKV_NAT_SPARSE_COALESCE
-#define MLAKV_NAT_SPARSE_COALESCE 0
-#endif
+// Sparse sets have no pages for TMA boxes: each converter gathers its share of its token
+// t's bytes of `part` (slot: -1 for none) with 16-byte cp.async copies to where the dense
+// path's boxes put them (the 128-byte swizzle for the code and rope rows, the scale field
+// unswizzled at byte 16 t of the half's first block), so the conversions are the dense
+// ones. Role r copies fp8 code box r, the e2m1 code chunks 4 r .. 4 r + 3 and the rope
+// box's chunks 4 r .. 4 r + 3; role 0 the scale field. (Coalesced lanes - consecutive lanes
+// on consecutive chunks of one record -, L2 prefetches a tile ahead and the next part's
+// gathers issued early were each slower: docs/perf.md, ninth session.)
 template <KvFormat F>
-__device__ __forceinline__ void sparse_gather(const uint8_t* cache, int32_t slot, uint8_t* stage, int part, int t0, int lane, int r) {
+__device__ __forceinline__ void sparse_gather(const uint8_t* cache, int32_t slot, uint8_t* stage, int part, int t, int r) {
   using Q = Quant<F>;
   namespace gp = mlakv::cuda::ptx;
-  // m chunks c0 .. c0 + m - 1 of the row at byte `col` of each token's record into the rows
-  // at `dst` (+ 128 t, swizzled).
-  auto copy_rows = [&](uint8_t* dst, int col, int c0, auto m_const) __attribute__((always_inline)) {
-    constexpr int m = decltype(m_const)::value;
-#if MLAKV_NAT_SPARSE_COALESCE
+  if (slot < 0) return;
+  const uint8_t* rec = cache + static_cast<int64_t>(slot) * Q::kRecordBytes;
+  const int sw = t & 7;
+  // m chunks c0 .. c0 + m - 1 of the row at byte `col` of the record into row t at `dst`.
+  auto copy_row = [&](uint8_t* dst, int col, int c0, int m) __attribute__((always_inline)) {
 #pragma unroll
-    for (int i = 0; i < m; ++i) {
-      const int tw = i * (32 / m) + lane / m, c = c0 + lane % m, t = t0 + tw;
-      const int32_t s = __shfl_sync(0xFFFFFFFFu, slot, tw);
-      if (s >= 0) {
-        gp::cp_async_16(gp::smem_addr(dst + t * 128 + ((c ^ (t & 7)) << 4)), cache + static_cast<int64_t>(s) * Q::kRecordBytes + col + 16 * c);
-      }
+    for (int i = 0; i < 8; ++i) {
+      if (i < m) gp::cp_async_16(gp::smem_addr(dst + t * 128 + (((c0 + i) ^ sw) << 4)), rec + col + 16 * (c0 + i));
     }
-#else
-    const int t = t0 + lane;
-    if (slot >= 0) {
-#pragma unroll
-      for (int i = 0; i < m; ++i) {
-        const int c = c0 + i;
-        gp::cp_async_16(gp::smem_addr(dst + t * 128 + ((c ^ (t & 7)) << 4)), cache + static_cast<int64_t>(slot) * Q::kRecordBytes + col + 16 * c);
-      }
-    }
-#endif
   };
-  using C4 = std::integral_constant<int, 4>;
-  using C8 = std::integral_constant<int, 8>;
   if (part == kPartRope) {
-    copy_rows(stage + 8 * kBlockBytes, Q::kRopeCol, 4 * r, C4{});
+    copy_row(stage + 8 * kBlockBytes, Q::kRopeCol, 4 * r, 4);
     return;
   }
   const int h = part - kPartL;
   uint8_t* pb = stage + 4 * h * kBlockBytes;
   if constexpr (F == KvFormat::kFp8DsMla) {
-    copy_rows(pb + Q::raw_block(r) * kBlockBytes, Q::raw_col(h, r), 0, C8{});
+    copy_row(pb + Q::raw_block(r) * kBlockBytes, Q::raw_col(h, r), 0, 8);
   } else {
-    copy_rows(pb + Q::raw_block(0) * kBlockBytes, Q::raw_col(h, 0), 4 * r, C4{});
+    copy_row(pb + Q::raw_block(0) * kBlockBytes, Q::raw_col(h, 0), 4 * r, 4);
   }
-  if (r == 0 && slot >= 0) {
-    gp::cp_async_16(gp::smem_addr(pb + (t0 + lane) * 16),
-                    cache + static_cast<int64_t>(slot) * Q::kRecordBytes + Q::kScaleCol + (F == KvFormat::kFp8DsMla ? 0 : 16 * h));
-  }
-}
-
-// Sparse sets, MLAKV_NAT_SPARSE_L2 = 2: the record of a token a tile ahead into L2 by
-// plain prefetches of its 128-byte lines (role r the lines 4 r .. 4 r + 3 from the one
-// holding the record's first byte; 1 uses the TMA engine's bulk prefetch instead).
-template <KvFormat F>
-__device__ __forceinline__ void prefetch_record_l2(const uint8_t* rec, int r) {
-  const uintptr_t a0 = reinterpret_cast<uintptr_t>(rec) & ~static_cast<uintptr_t>(127);
-  const uintptr_t last = reinterpret_cast<uintptr_t>(rec) + Quant<F>::kRecordBytes - 1;
-#pragma unroll
-  for (int j = 4 * r; j < 4 * r + 4; ++j) {
-    const uintptr_t a = a0 + 128 * static_cast<uintptr_t>(j);
-    if (a <= last) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(a));
-  }
+  if (r == 0) gp::cp_async_16(gp::smem_addr(pb + t * 16), rec + Q::kScaleCol + (F == KvFormat::kFp8DsMla ? 0 : 16 * h));
 }
 #endif  // MLAKV_SM90_DEVICE
 
@@ -569,8 +521,7 @@ __global__ void __launch_bounds__(nat::kThreadsOf<F>, 1)
       }
       int64_t looked_up = -1;
       uint8_t* stage = ring + k * kStageBytes;
-      // Sparse sets: this thread's token of the stage's next tile, looked up a tile ahead
-      // (and its record prefetched into L2 then, by role 0).
+      // Sparse sets: this thread's token of the stage's next tile, looked up a tile ahead.
       int32_t next_slot = kSparse ? sparse_slot(p, b, cw.i_fixed, begin + static_cast<int64_t>(k) * kTile + tok, end) : -1;
       for (int u = 0; 2 * u + k < 2 * n_steps; ++u) {
         const int t = 2 * u + k;
@@ -579,17 +530,11 @@ __global__ void __launch_bounds__(nat::kThreadsOf<F>, 1)
         if constexpr (kSparse) {
           slot = next_slot;
           next_slot = sparse_slot(p, b, cw.i_fixed, begin + static_cast<int64_t>(t + 2) * kTile + tok, end);
-#if MLAKV_NAT_SPARSE_L2 == 1
-          if (role == 0 && next_slot >= 0) ptx::prefetch_l2_bulk(p.cache + static_cast<int64_t>(next_slot) * Q::kRecordBytes, Q::kRecordBytes);
-#elif MLAKV_NAT_SPARSE_L2 == 2
-          if (next_slot >= 0) prefetch_record_l2<F>(p.cache + static_cast<int64_t>(next_slot) * Q::kRecordBytes, role);
-#endif
         } else if (issuer) {
           tb = tile_boxes(p, b, begin, end, t, u, lane, br, n_box, tiles_per_lookup, looked_up);
         }
         const int64_t row = tb.row;
         const uint32_t valid = tb.valid;
-        bool ahead = false;  // sparse: this part's gathers went out with the previous part's
 #pragma unroll 1
         for (int o = 0; o < 3; ++o) {
           // The parts in the order they are released: the rope block, then the half of the
@@ -598,30 +543,13 @@ __global__ void __launch_bounds__(nat::kThreadsOf<F>, 1)
           if constexpr (kSparse) {
             // Every converter gathers its share of its token's bytes (sparse_gather), waits
             // for its copies, and the stage's 128 meet before reading each other's.
-            if (u >= 1 && !ahead) ptx::mbar_wait(gp::smem_addr(&empty[part * kStages + k]), (u - 1) & 1);
+            if (u >= 1) ptx::mbar_wait(gp::smem_addr(&empty[part * kStages + k]), (u - 1) & 1);
             if (part == kPartRope) {
               const uint32_t vb = __ballot_sync(0xFFFFFFFFu, slot >= 0);
               if (role == 0 && lane == 0) reinterpret_cast<uint32_t*>(&vmask[k])[tok >> 5] = vb;
             }
-            if (!ahead) sparse_gather<F>(p.cache, slot, stage, part, tok & 32, lane, role);
-            gp::cp_async_commit();
-#if MLAKV_NAT_SPARSE_AHEAD
-            // The next part's gathers go out now where it is already empty (the warp agrees),
-            // so their latency runs under this part's conversion.
-            ahead = false;
-            if (o < 2) {
-              const int next = o == 0 ? (k == 0 ? kPartL : kPartR) : (k == 0 ? kPartR : kPartL);
-              ahead = __all_sync(0xFFFFFFFFu, u == 0 || ptx::mbar_test(gp::smem_addr(&empty[next * kStages + k]), (u - 1) & 1));
-              if (ahead) {
-                sparse_gather<F>(p.cache, slot, stage, next, tok & 32, lane, role);
-                gp::cp_async_commit();
-              }
-            }
-            if (ahead) gp::cp_async_wait_group<1>();
-            else gp::cp_async_wait_group<0>();
-#else
-            gp::cp_async_wait_group<0>();
-#endif
+            sparse_gather<F>(p.cache, slot, stage, part, tok, role);
+            gp::cp_async_wait_all();
             if (part == kPartRope && !kRopeConv) {
               ptx::fence_proxy_async();
               ptx::mbar_arrive(gp::smem_addr(&full[kPartRope * kStages + k]));

@@ -32,26 +32,6 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* tmap, int 
 __device__ __forceinline__ void prefetch_tensormap(const void* tmap) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(tmap)) : "memory");
 }
-// Whether the phase with the given parity has completed (acquire), without blocking.
-__device__ __forceinline__ bool mbar_test(uint32_t bar, uint32_t parity) {
-  uint32_t done;
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "mbarrier.test_wait.parity.acquire.cta.shared::cta.b64 p, [%1], %2;\n"
-      "selp.u32 %0, 1, 0, p;\n"
-      "}\n"
-      : "=r"(done)
-      : "r"(bar), "r"(parity)
-      : "memory");
-  return done != 0;
-}
-// Brings `bytes` (a multiple of 16) from the 16-byte aligned global address `src` into L2
-// (the TMA engine's bulk prefetch; nothing lands in shared memory, no completion to wait for).
-__device__ __forceinline__ void prefetch_l2_bulk(const void* src, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(reinterpret_cast<uint64_t>(src)), "r"(bytes) : "memory");
-}
-
 // 2^x (MUFU.EX2, subnormal results flushed to zero: a softmax weight below 2^-126 is
 // negligible next to the row maximum's weight 1 in every sum it enters).
 __device__ __forceinline__ float ex2_ftz(float x) {
