@@ -13,6 +13,7 @@
 #include <hwy/highway.h>
 
 #include <algorithm>
+#include <utility>
 #include <cmath>
 #include <cstring>
 
@@ -397,11 +398,22 @@ void Nvfp4LatentMode(const float* latent, float outer_scale, bool token_scale, u
   Nvfp4Latent(latent, s, rec, search && !token_scale);
 }
 
+// The in-vector butterfly's signs of stage h: +1 on the lower lane of each pair (j & h = 0),
+// -1 on the upper. fma(v, +1, p) = RN(v + p) and fma(v, -1, p) = RN(p - v) exactly (the
+// products are exact), signed zeros included, so one fused multiply-add gives fwht's a + b
+// and a - b where a blend of both took three operations.
+template <class D>
+HWY_INLINE hn::Vec<D> ButterflySigns(D df, size_t h) {
+  const hn::RebindToUnsigned<D> du;
+  const auto upper = hn::RebindMask(df, hn::Ne(hn::And(hn::Iota(du, 0), hn::Set(du, static_cast<uint32_t>(h))),
+                                               hn::Zero(du)));
+  return hn::IfThenElse(upper, hn::Set(df, -1.0f), hn::Set(df, 1.0f));
+}
+
 // The in-vector butterfly of stage h < lanes: lane j pairs with lane j ^ h; the lower one
 // gets a + b, the upper one a - b (fwht's order, so the result is bit-identical).
 template <class D>
 HWY_INLINE hn::Vec<D> InVectorButterfly(D df, hn::Vec<D> v, size_t h) {
-  const hn::RebindToUnsigned<D> du;
   hn::Vec<D> p = v;
 #if HWY_TARGET != HWY_SCALAR  // one lane: no in-vector stage (never called)
   if constexpr (hn::MaxLanes(D()) >= 2) {
@@ -417,9 +429,7 @@ HWY_INLINE hn::Vec<D> InVectorButterfly(D df, hn::Vec<D> v, size_t h) {
     if (h == 8) p = hn::ConcatLowerUpper(df, v, v);
   }
 #endif
-  const auto upper = hn::RebindMask(df, hn::Ne(hn::And(hn::Iota(du, 0), hn::Set(du, static_cast<uint32_t>(h))),
-                                               hn::Zero(du)));
-  return hn::IfThenElse(upper, hn::Sub(p, v), hn::Add(v, p));
+  return hn::MulAdd(v, ButterflySigns(df, h), p);
 }
 
 // x[n] <- fwht(x) (n a multiple of the lanes, a power of two).
@@ -444,52 +454,74 @@ HWY_INLINE void FwhtVec(float* HWY_RESTRICT x, size_t n) {
   }
 }
 
+// The in-vector butterfly stages h = 1, 2, ..., N / 2 of one vector (fwht's order).
+HWY_INLINE hn::Vec<DF> InVectorStages(DF df, hn::Vec<DF> v) {
+  constexpr size_t N = hn::MaxLanes(DF());
+  for (size_t h = 1; h < N; h <<= 1) v = InVectorButterfly(df, v, h);
+  return v;
+}
+
+// The whole-vector butterfly stages over an array of n vectors held as one group (stage
+// hv pairs v[j] with v[j + hv], hv = 1, 2, ..., n / 2: fwht's order within the group).
+// Every index is a template constant, so the array stays in registers.
+template <size_t hv, size_t n, size_t... q>
+HWY_INLINE void VectorStage(hn::Vec<DF> (&v)[n], std::index_sequence<q...>) {
+  auto pair = [&v](auto j) {
+    const auto a = v[j], b = v[j + hv];
+    v[j] = hn::Add(a, b);
+    v[j + hv] = hn::Sub(a, b);
+  };
+  (pair(std::integral_constant<size_t, (q / hv) * 2 * hv + q % hv>{}), ...);
+}
+template <size_t n, size_t hv = 1>
+HWY_INLINE void VectorStages(hn::Vec<DF> (&v)[n]) {
+  if constexpr (hv < n) {
+    VectorStage<hv>(v, std::make_index_sequence<n / 2>{});
+    VectorStages<n, 2 * hv>(v);
+  }
+}
+
+// Applies f(integral_constant i) for i = 0, ..., n - 1 (unrolled at compile time).
+template <size_t... i, class F>
+HWY_INLINE void ForEachIndex(std::index_sequence<i...>, F&& f) {
+  (f(std::integral_constant<size_t, i>{}), ...);
+}
+
 // LatentTransformKernel::latent / rope, vectorized (bit-identical: the same operations in
-// the same order). The latent's 512 floats stay in registers (an array of vectors) through
-// the gain and all 9 butterfly stages; the in-vector stages' lane masks are made once.
+// the same order). The latent's 512 floats go through the 9 butterfly stages in two passes
+// that each keep a block of vectors in registers: kBlock consecutive vectors (the gain, the
+// in-vector stages and the whole-vector stages below kBlock vectors), then the kGroup
+// vectors of stride kBlock (the stages from kBlock vectors on) - every pair of a stage is
+// combined after both of its inputs' earlier stages, as in fwht's stage-by-stage loop.
 void TransformToken(const float* mu, const float* gain, bool rotate, const float* rope_gain, const float* c,
                     const float* k, float* HWY_RESTRICT out, float* HWY_RESTRICT rope_out) {
   const DF df;
-  const DU du;
   constexpr size_t N = hn::MaxLanes(DF());
   constexpr size_t NV = static_cast<size_t>(kLatentDim) / N;
-  hn::Vec<DF> v[NV];
-  for (size_t i = 0; i < NV; ++i)
-    v[i] = hn::Mul(hn::Sub(hn::LoadU(df, c + i * N), hn::LoadU(df, mu + i * N)), hn::LoadU(df, gain + i * N));
-  if (rotate) {
-    for (size_t h = 1; h < N; h <<= 1) {
-      const auto upper =
-          hn::RebindMask(df, hn::Ne(hn::And(hn::Iota(du, 0), hn::Set(du, static_cast<uint32_t>(h))), hn::Zero(du)));
-      for (size_t i = 0; i < NV; ++i) {
-        hn::Vec<DF> p = v[i];
-#if HWY_TARGET != HWY_SCALAR
-        if constexpr (N >= 2) {
-          if (h == 1) p = hn::Shuffle2301(v[i]);
-        }
-        if constexpr (N >= 4) {
-          if (h == 2) p = hn::Shuffle1032(v[i]);
-        }
-        if constexpr (N >= 8) {
-          if (h == 4) p = hn::SwapAdjacentBlocks(v[i]);
-        }
-        if constexpr (N >= 16) {
-          if (h == 8) p = hn::ConcatLowerUpper(df, v[i], v[i]);
-        }
-#endif
-        v[i] = hn::IfThenElse(upper, hn::Sub(p, v[i]), hn::Add(v[i], p));
-      }
+  // 16 vectors of 32 registers (AVX-512), 8 of 16 (AVX2, SSE4): the block and its temporaries fit.
+  constexpr size_t kBlock = std::min<size_t>(NV, N >= 16 ? 16 : 8);
+  constexpr size_t kGroup = NV / kBlock;
+  static_assert(NV % kBlock == 0);
+  for (size_t b = 0; b < NV; b += kBlock) {
+    hn::Vec<DF> v[kBlock];
+    ForEachIndex(std::make_index_sequence<kBlock>{}, [&](auto i) {
+      const size_t o = (b + i) * N;
+      v[i] = hn::Mul(hn::Sub(hn::LoadU(df, c + o), hn::LoadU(df, mu + o)), hn::LoadU(df, gain + o));
+    });
+    if (rotate) {
+      ForEachIndex(std::make_index_sequence<kBlock>{}, [&](auto i) { v[i] = InVectorStages(df, v[i]); });
+      VectorStages(v);
     }
-    for (size_t hv = 1; hv < NV; hv <<= 1) {  // stage h = hv * N: whole vectors
-      for (size_t i = 0; i < NV; i += 2 * hv) {
-        for (size_t j = i; j < i + hv; ++j) {
-          const auto a = v[j], b = v[j + hv];
-          v[j] = hn::Add(a, b);
-          v[j + hv] = hn::Sub(a, b);
-        }
-      }
+    ForEachIndex(std::make_index_sequence<kBlock>{}, [&](auto i) { hn::StoreU(v[i], df, out + (b + i) * N); });
+  }
+  if (rotate && kGroup > 1) {
+    for (size_t j = 0; j < kBlock; ++j) {
+      hn::Vec<DF> v[kGroup];
+      ForEachIndex(std::make_index_sequence<kGroup>{}, [&](auto g) { v[g] = hn::LoadU(df, out + (j + g * kBlock) * N); });
+      VectorStages(v);
+      ForEachIndex(std::make_index_sequence<kGroup>{}, [&](auto g) { hn::StoreU(v[g], df, out + (j + g * kBlock) * N); });
     }
   }
-  for (size_t i = 0; i < NV; ++i) hn::StoreU(v[i], df, out + i * N);
   if (rope_gain == nullptr) {
     std::memcpy(rope_out, k, kRopeDim * sizeof(float));
     return;
