@@ -29,6 +29,13 @@ namespace model {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
+// Applies f(integral_constant i) for i = 0, ..., n - 1 (unrolled at compile time).
+template <size_t... i, class F>
+HWY_INLINE void ForEachIndex(std::index_sequence<i...>, F&& f) {
+  (f(std::integral_constant<size_t, i>{}), ...);
+}
+
+
 // The scale-mode parameter type of codec::fp8_tile_scale (codec::Fp8Scales today; the
 // one Fp8ScaleMode of mlakv/codec.h once the modes are unified; kPow2 = 0, kExact = 1 in
 // both), so this file compiles on either side of that change.
@@ -260,12 +267,12 @@ HWY_INLINE void GroupCodeWords(DF df, const float* at, hn::Vec<DU> c, hn::Vec<DU
   const auto sfd = hn::IfThenElse(hn::RebindMask(df, zero), hn::Set(df, 1.0f), E4m3Value(df, c));
   const auto rsf = kFast ? hn::Div(hn::Set(df, 1.0f), sfd) : sfd;
   w[0] = w[1] = hn::Zero(du);
-  for (int i = 0; i < NV::kGroupDim; ++i) {
+  ForEachIndex(std::make_index_sequence<NV::kGroupDim>{}, [&](auto i) {
     const auto y = hn::LoadU(df, at + i * NV::kNumGroups);
     const auto m = E2m1CodeOfValue(df, E2m1RoundNonNegative(df, QuotientForE2m1<kFast>(hn::Abs(y), sfd, rsf)));
     const auto code = hn::Or(m, hn::And(hn::ShiftRight<28>(hn::BitCast(du, y)), hn::Set(du, 8u)));
-    w[i / 8] = hn::Or(w[i / 8], hn::ShiftLeftSame(code, 4 * (i % 8)));
-  }
+    w[i / 8] = hn::Or(w[i / 8], hn::ShiftLeft<4 * (i % 8)>(code));
+  });
   w[0] = hn::IfThenZeroElse(zero, w[0]);
   w[1] = hn::IfThenZeroElse(zero, w[1]);
 }
@@ -479,12 +486,6 @@ HWY_INLINE void VectorStages(hn::Vec<DF> (&v)[n]) {
     VectorStage<hv>(v, std::make_index_sequence<n / 2>{});
     VectorStages<n, 2 * hv>(v);
   }
-}
-
-// Applies f(integral_constant i) for i = 0, ..., n - 1 (unrolled at compile time).
-template <size_t... i, class F>
-HWY_INLINE void ForEachIndex(std::index_sequence<i...>, F&& f) {
-  (f(std::integral_constant<size_t, i>{}), ...);
 }
 
 // LatentTransformKernel::latent / rope, vectorized (bit-identical: the same operations in

@@ -266,14 +266,18 @@ __device__ Nvfp4Launch nvfp4_launch(const WriterParams& p, float2* table) {
 // One token: lane `lane`'s parts of record `rec`. kSearch: Nvfp4ScaleMode::kSearch (nvfp4
 // formats, never in token-scale mode).
 // xs: the warp's staging area for the search's fallback (kSearch only; else unused).
+// Lane `lane`'s input of token t (load_run).
+template <bool kVec>
+__device__ __forceinline__ void load_token(const WriterParams& p, int lane, int64_t t, float (&x)[kLaneDims],
+                                           float (&r)[kLaneRope]) {
+  load_run<kLaneDims, kVec>(p.latent, t * p.latent_stride + kLaneDims * lane, p.bf16_input, x);
+  load_run<kLaneRope, kVec>(p.rope, t * p.rope_stride + kLaneRope * lane, p.bf16_input, r);
+}
+
 template <KvFormat F, bool kTf, bool kVec, bool kSearch>
 __device__ __forceinline__ void encode_token(const WriterParams& p, const LaneTransform<kTf>& tf, const Nvfp4Launch& nl,
-                                             int lane, int64_t t, uint8_t* rec, LaneTally& tally, float4* xs) {
-  const int64_t lo = t * p.latent_stride, ro = t * p.rope_stride;
-  float x[kLaneDims];
-  load_run<kLaneDims, kVec>(p.latent, lo + kLaneDims * lane, p.bf16_input, x);
-  float r[kLaneRope];
-  load_run<kLaneRope, kVec>(p.rope, ro + kLaneRope * lane, p.bf16_input, r);
+                                             int lane, float (&x)[kLaneDims], float (&r)[kLaneRope], uint8_t* rec,
+                                             LaneTally& tally, float4* xs) {
   if constexpr (kTf) {
     transform_latent(tf, lane, x);
     transform_rope(tf, lane, r);
@@ -449,6 +453,10 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, kMinBlocksPerSm) write_ca
   Nvfp4Launch nl{};
   if constexpr (is_nvfp4_format(F)) nl = nvfp4_launch<kSearch>(p, sf_table);
   LaneTally tally;
+  float4* xw = nullptr;
+  if constexpr (kSearch) xw = xs[threadIdx.x >> 5];
+  // (Loading the next token's input before this token's work, in registers or as L2
+  // prefetches, measured slower: docs/perf.md, tenth session.)
   for (int64_t t = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5); t < p.n; t += stride) {
     const int64_t slot = p.slots[t];
     if (slot < 0) continue;  // padding
@@ -456,9 +464,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, kMinBlocksPerSm) write_ca
       if (lane == 0 && p.error_count != nullptr) atomicAdd(p.error_count, 1);
       continue;
     }
-    float4* xw = nullptr;
-    if constexpr (kSearch) xw = xs[threadIdx.x >> 5];
-    encode_token<F, kTf, kVec, kSearch>(p, tf, nl, lane, t, p.cache + slot * p.record_bytes, tally, xw);
+    float x[kLaneDims], r[kLaneRope];
+    load_token<kVec>(p, lane, t, x, r);
+    encode_token<F, kTf, kVec, kSearch>(p, tf, nl, lane, x, r, p.cache + slot * p.record_bytes, tally, xw);
   }
   if constexpr (is_nvfp4_format(F)) {
     if (p.tally != nullptr) tally.flush(p.tally, lane);

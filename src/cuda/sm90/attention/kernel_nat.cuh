@@ -411,6 +411,13 @@ __device__ __forceinline__ int32_t sparse_slot(const AttentionParams& p, int b, 
 // box's chunks 4 r .. 4 r + 3; role 0 the scale field. (Coalesced lanes - consecutive lanes
 // on consecutive chunks of one record -, L2 prefetches a tile ahead and the next part's
 // gathers issued early were each slower: docs/perf.md, ninth session.)
+// One 16-byte gather with cp.async's L2::128B prefetch-size hint: a record's rows are
+// 128-byte runs that start 16-byte aligned, so the hint has L2 fetch the whole line on the
+// first chunk's miss (1.5-3% faster sparse steps than without it, 256B no better: docs/perf.md,
+// tenth session).
+__device__ __forceinline__ void gather_16(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+}
 template <KvFormat F>
 __device__ __forceinline__ void sparse_gather(const uint8_t* cache, int32_t slot, uint8_t* stage, int part, int t, int r) {
   using Q = Quant<F>;
@@ -422,7 +429,7 @@ __device__ __forceinline__ void sparse_gather(const uint8_t* cache, int32_t slot
   auto copy_row = [&](uint8_t* dst, int col, int c0, int m) __attribute__((always_inline)) {
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      if (i < m) gp::cp_async_16(gp::smem_addr(dst + t * 128 + (((c0 + i) ^ sw) << 4)), rec + col + 16 * (c0 + i));
+      if (i < m) gather_16(gp::smem_addr(dst + t * 128 + (((c0 + i) ^ sw) << 4)), rec + col + 16 * (c0 + i));
     }
   };
   if (part == kPartRope) {
@@ -436,7 +443,7 @@ __device__ __forceinline__ void sparse_gather(const uint8_t* cache, int32_t slot
   } else {
     copy_row(pb + Q::raw_block(0) * kBlockBytes, Q::raw_col(h, 0), 4 * r, 4);
   }
-  if (r == 0) gp::cp_async_16(gp::smem_addr(pb + t * 16), rec + Q::kScaleCol + (F == KvFormat::kFp8DsMla ? 0 : 16 * h));
+  if (r == 0) gather_16(gp::smem_addr(pb + t * 16), rec + Q::kScaleCol + (F == KvFormat::kFp8DsMla ? 0 : 16 * h));
 }
 #endif  // MLAKV_SM90_DEVICE
 
