@@ -418,6 +418,13 @@ __device__ __forceinline__ int32_t sparse_slot(const AttentionParams& p, int b, 
 __device__ __forceinline__ void gather_16(uint32_t dst, const void* src) {
   asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
 }
+#ifndef MLAKV_NAT_SPARSE_ROPE_ASYNC
+#define MLAKV_NAT_SPARSE_ROPE_ASYNC 1
+#endif
+// Whether a sparse set's rope block (bf16, not converted) is signalled by its copies'
+// completion instead of a wait by its converters.
+template <KvFormat F>
+constexpr bool kSparseRopeAsync = MLAKV_NAT_SPARSE_ROPE_ASYNC && F != KvFormat::kBf16 && !rope_converted<F>();
 template <KvFormat F>
 __device__ __forceinline__ void sparse_gather(const uint8_t* cache, int32_t slot, uint8_t* stage, int part, int t, int r) {
   using Q = Quant<F>;
@@ -498,7 +505,9 @@ __global__ void __launch_bounds__(nat::kThreadsOf<F>, 1)
       // A converted part (the quantized formats' V halves, the 368-byte ropes) is full when
       // the stage's 128 converters arrive.
       // So is a sparse set's rope block: its 128 converters gather it (sparse_gather).
-      ptx::mbar_init(gp::smem_addr(&full[i]), (kQuant && i >= kPartL * kStages) || ((kRopeConv || kSparse) && i < kStages) ? 128 : 1);
+      ptx::mbar_init(gp::smem_addr(&full[i]), (kQuant && i >= kPartL * kStages) || ((kRopeConv || kSparse) && i < kStages)
+                                                   ? (kSparse && kSparseRopeAsync<F> && i < kStages ? 130 : 128)
+                                                   : 1);
       ptx::mbar_init(gp::smem_addr(&empty[i]), 128);
     }
     for (int i = 0; i < 3 * kStages; ++i) ptx::mbar_init(gp::smem_addr(&staged[i]), 1);
@@ -556,6 +565,18 @@ __global__ void __launch_bounds__(nat::kThreadsOf<F>, 1)
               if (role == 0 && lane == 0) reinterpret_cast<uint32_t*>(&vmask[k])[tok >> 5] = vb;
             }
             sparse_gather<F>(p.cache, slot, stage, part, tok, role);
+#if MLAKV_NAT_SPARSE_ROPE_ASYNC
+            if (part == kPartRope && !kRopeConv) {
+              // A bf16 rope needs no conversion: the copies arrive on the stage's full
+              // barrier when they land (cp.async.mbarrier.arrive.noinc; the two vmask writers
+              // arrive as well, after their store), so the converter goes on to the next
+              // part's release without waiting for them.
+              const uint32_t bar = gp::smem_addr(&full[kPartRope * kStages + k]);
+              if (role == 0 && lane == 0) ptx::mbar_arrive(bar);
+              asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+              continue;
+            }
+#endif
             gp::cp_async_wait_all();
             if (part == kPartRope && !kRopeConv) {
               ptx::fence_proxy_async();
@@ -761,6 +782,9 @@ __global__ void __launch_bounds__(nat::kThreadsOf<F>, 1)
   auto scores_first = [&](int u, bool real) __attribute__((always_inline)) {
     if (real) {
       ptx::mbar_wait(gp::smem_addr(&full[kPartRope * kStages + wg]), u & 1);
+      // A rope gathered by cp.async and signalled by its completion (kSparseRopeAsync):
+      // the generic-proxy copies are ordered before this warpgroup's wgmma reads here.
+      if constexpr (kSparse && kSparseRopeAsync<F>) ptx::fence_proxy_async();
       tmask = vmask[wg];
     }
     ptx::wg_fence();
