@@ -425,6 +425,13 @@ __device__ __forceinline__ void gather_16(uint32_t dst, const void* src) {
 // completion instead of a wait by its converters.
 template <KvFormat F>
 constexpr bool kSparseRopeAsync = MLAKV_NAT_SPARSE_ROPE_ASYNC && F != KvFormat::kBf16 && !rope_converted<F>();
+#ifndef MLAKV_NAT_SPARSE_ROPE_LATE
+#define MLAKV_NAT_SPARSE_ROPE_LATE 1
+#endif
+// Whether a sparse set's 8-bit rope (the 368-byte records) is converted after the next
+// part's gathers are issued.
+template <KvFormat F>
+constexpr bool kSparseRopeLate = MLAKV_NAT_SPARSE_ROPE_LATE && F != KvFormat::kBf16 && rope_converted<F>();
 template <KvFormat F>
 __device__ __forceinline__ void sparse_gather(const uint8_t* cache, int32_t slot, uint8_t* stage, int part, int t, int r) {
   using Q = Quant<F>;
@@ -577,6 +584,21 @@ __global__ void __launch_bounds__(nat::kThreadsOf<F>, 1)
               continue;
             }
 #endif
+            if constexpr (kSparseRopeLate<F>) {
+              // An 8-bit rope (converted): its copies form one commit group, the next part's
+              // another; the rope is converted once its group has landed, after the next
+              // part's gathers are issued, so that part's copies are not held up behind the
+              // rope's (the consumers need all three parts for the next scores anyway).
+              asm volatile("cp.async.commit_group;\n" ::: "memory");
+              if (part == kPartRope) continue;
+              if (o == 1) {
+                asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+                ptx::named_barrier(kBarConv + k, 128);
+                convert_rope<F>(stage + 8 * kBlockBytes, tok, role, kBarConv + k);
+                ptx::fence_proxy_async();
+                ptx::mbar_arrive(gp::smem_addr(&full[kPartRope * kStages + k]));
+              }
+            }
             gp::cp_async_wait_all();
             if (part == kPartRope && !kRopeConv) {
               ptx::fence_proxy_async();
