@@ -418,20 +418,14 @@ __device__ __forceinline__ int32_t sparse_slot(const AttentionParams& p, int b, 
 __device__ __forceinline__ void gather_16(uint32_t dst, const void* src) {
   asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
 }
-#ifndef MLAKV_NAT_SPARSE_ROPE_ASYNC
-#define MLAKV_NAT_SPARSE_ROPE_ASYNC 1
-#endif
-// Whether a sparse set's rope block (bf16, not converted) is signalled by its copies'
-// completion instead of a wait by its converters.
+// A sparse set's rope block: a bf16 one (no conversion) is signalled by its copies'
+// completion instead of a wait by its converters (kSparseRopeAsync); an 8-bit one (the
+// 368-byte records) is converted after the next part's gathers are issued (kSparseRopeLate).
+// Each 1-2% faster than waiting for the rope's copies first (docs/perf.md, tenth session).
 template <KvFormat F>
-constexpr bool kSparseRopeAsync = MLAKV_NAT_SPARSE_ROPE_ASYNC && F != KvFormat::kBf16 && !rope_converted<F>();
-#ifndef MLAKV_NAT_SPARSE_ROPE_LATE
-#define MLAKV_NAT_SPARSE_ROPE_LATE 1
-#endif
-// Whether a sparse set's 8-bit rope (the 368-byte records) is converted after the next
-// part's gathers are issued.
+constexpr bool kSparseRopeAsync = F != KvFormat::kBf16 && !rope_converted<F>();
 template <KvFormat F>
-constexpr bool kSparseRopeLate = MLAKV_NAT_SPARSE_ROPE_LATE && F != KvFormat::kBf16 && rope_converted<F>();
+constexpr bool kSparseRopeLate = F != KvFormat::kBf16 && rope_converted<F>();
 template <KvFormat F>
 __device__ __forceinline__ void sparse_gather(const uint8_t* cache, int32_t slot, uint8_t* stage, int part, int t, int r) {
   using Q = Quant<F>;
@@ -572,18 +566,18 @@ __global__ void __launch_bounds__(nat::kThreadsOf<F>, 1)
               if (role == 0 && lane == 0) reinterpret_cast<uint32_t*>(&vmask[k])[tok >> 5] = vb;
             }
             sparse_gather<F>(p.cache, slot, stage, part, tok, role);
-#if MLAKV_NAT_SPARSE_ROPE_ASYNC
-            if (part == kPartRope && !kRopeConv) {
-              // A bf16 rope needs no conversion: the copies arrive on the stage's full
-              // barrier when they land (cp.async.mbarrier.arrive.noinc; the two vmask writers
-              // arrive as well, after their store), so the converter goes on to the next
-              // part's release without waiting for them.
-              const uint32_t bar = gp::smem_addr(&full[kPartRope * kStages + k]);
-              if (role == 0 && lane == 0) ptx::mbar_arrive(bar);
-              asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-              continue;
+            if constexpr (kSparseRopeAsync<F>) {
+              if (part == kPartRope) {
+                // A bf16 rope needs no conversion: the copies arrive on the stage's full
+                // barrier when they land (cp.async.mbarrier.arrive.noinc; the two vmask
+                // writers arrive as well, after their store), so the converter goes on to the
+                // next part's release without waiting for them.
+                const uint32_t bar = gp::smem_addr(&full[kPartRope * kStages + k]);
+                if (role == 0 && lane == 0) ptx::mbar_arrive(bar);
+                asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+                continue;
+              }
             }
-#endif
             if constexpr (kSparseRopeLate<F>) {
               // An 8-bit rope (converted): its copies form one commit group, the next part's
               // another; the rope is converted once its group has landed, after the next
@@ -599,12 +593,7 @@ __global__ void __launch_bounds__(nat::kThreadsOf<F>, 1)
                 ptx::mbar_arrive(gp::smem_addr(&full[kPartRope * kStages + k]));
               }
             }
-            gp::cp_async_wait_all();
-            if (part == kPartRope && !kRopeConv) {
-              ptx::fence_proxy_async();
-              ptx::mbar_arrive(gp::smem_addr(&full[kPartRope * kStages + k]));
-              continue;
-            }
+            gp::cp_async_wait_all();  // (a V half: the rope continued above)
             ptx::named_barrier(kBarConv + k, 128);
           } else if (issuer) {
             if (u >= 1) ptx::mbar_wait(gp::smem_addr(&empty[part * kStages + k]), (u - 1) & 1);
