@@ -505,7 +505,8 @@ __global__ void __launch_bounds__(nat::kThreadsOf<F>, 1)
     for (int i = 0; i < kParts * kStages; ++i) {
       // A converted part (the quantized formats' V halves, the 368-byte ropes) is full when
       // the stage's 128 converters arrive.
-      // So is a sparse set's rope block: its 128 converters gather it (sparse_gather).
+      // So is a sparse set's rope block: its 128 converters gather it (sparse_gather); a
+      // bf16 one counts their copies' completions and the two vmask writers' arrivals (130).
       ptx::mbar_init(gp::smem_addr(&full[i]), (kQuant && i >= kPartL * kStages) || ((kRopeConv || kSparse) && i < kStages)
                                                    ? (kSparse && kSparseRopeAsync<F> && i < kStages ? 130 : 128)
                                                    : 1);
