@@ -263,9 +263,6 @@ __device__ Nvfp4Launch nvfp4_launch(const WriterParams& p, float2* table) {
   return l;
 }
 
-// One token: lane `lane`'s parts of record `rec`. kSearch: Nvfp4ScaleMode::kSearch (nvfp4
-// formats, never in token-scale mode).
-// xs: the warp's staging area for the search's fallback (kSearch only; else unused).
 // Lane `lane`'s input of token t (load_run).
 template <bool kVec>
 __device__ __forceinline__ void load_token(const WriterParams& p, int lane, int64_t t, float (&x)[kLaneDims],
@@ -274,6 +271,9 @@ __device__ __forceinline__ void load_token(const WriterParams& p, int lane, int6
   load_run<kLaneRope, kVec>(p.rope, t * p.rope_stride + kLaneRope * lane, p.bf16_input, r);
 }
 
+// One token: lane `lane`'s parts of record `rec` from its input x, r (load_token). kSearch:
+// Nvfp4ScaleMode::kSearch (nvfp4 formats, never in token-scale mode).
+// xs: the warp's staging area for the search's fallback (kSearch only; else unused).
 template <KvFormat F, bool kTf, bool kVec, bool kSearch>
 __device__ __forceinline__ void encode_token(const WriterParams& p, const LaneTransform<kTf>& tf, const Nvfp4Launch& nl,
                                              int lane, float (&x)[kLaneDims], float (&r)[kLaneRope], uint8_t* rec,
