@@ -13,9 +13,9 @@
 #include <hwy/highway.h>
 
 #include <algorithm>
-#include <utility>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -34,7 +34,6 @@ template <size_t... i, class F>
 HWY_INLINE void ForEachIndex(std::index_sequence<i...>, F&& f) {
   (f(std::integral_constant<size_t, i>{}), ...);
 }
-
 
 // The scale-mode parameter type of codec::fp8_tile_scale (codec::Fp8Scales today; the
 // one Fp8ScaleMode of mlakv/codec.h once the modes are unified; kPow2 = 0, kExact = 1 in
@@ -439,28 +438,6 @@ HWY_INLINE hn::Vec<D> InVectorButterfly(D df, hn::Vec<D> v, size_t h) {
   return hn::MulAdd(v, ButterflySigns(df, h), p);
 }
 
-// x[n] <- fwht(x) (n a multiple of the lanes, a power of two).
-HWY_INLINE void FwhtVec(float* HWY_RESTRICT x, size_t n) {
-  const DF df;
-  const size_t N = hn::Lanes(df);
-  if (N > 1) {
-    for (size_t i = 0; i < n; i += N) {
-      auto v = hn::LoadU(df, x + i);
-      for (size_t h = 1; h < N && h < n; h <<= 1) v = InVectorButterfly(df, v, h);
-      hn::StoreU(v, df, x + i);
-    }
-  }
-  for (size_t h = N; h < n; h <<= 1) {
-    for (size_t i = 0; i < n; i += 2 * h) {
-      for (size_t j = 0; j < h; j += N) {
-        const auto a = hn::LoadU(df, x + i + j), b = hn::LoadU(df, x + i + j + h);
-        hn::StoreU(hn::Add(a, b), df, x + i + j);
-        hn::StoreU(hn::Sub(a, b), df, x + i + j + h);
-      }
-    }
-  }
-}
-
 // The in-vector butterfly stages h = 1, 2, ..., N / 2 of one vector (fwht's order).
 HWY_INLINE hn::Vec<DF> InVectorStages(DF df, hn::Vec<DF> v) {
   constexpr size_t N = hn::MaxLanes(DF());
@@ -527,9 +504,15 @@ void TransformToken(const float* mu, const float* gain, bool rotate, const float
     std::memcpy(rope_out, k, kRopeDim * sizeof(float));
     return;
   }
-  for (size_t i = 0; i < static_cast<size_t>(kRopeDim); i += N)
-    hn::StoreU(hn::Mul(hn::LoadU(df, k + i), hn::LoadU(df, rope_gain + i)), df, rope_out + i);
-  FwhtVec(rope_out, kRopeDim);
+  // The rope's 64-point rotation: the gain, then its butterflies in registers.
+  constexpr size_t NR = static_cast<size_t>(kRopeDim) / N;
+  static_assert(kRopeDim % N == 0);
+  hn::Vec<DF> r[NR];
+  ForEachIndex(std::make_index_sequence<NR>{}, [&](auto i) {
+    r[i] = InVectorStages(df, hn::Mul(hn::LoadU(df, k + i * N), hn::LoadU(df, rope_gain + i * N)));
+  });
+  VectorStages(r);
+  ForEachIndex(std::make_index_sequence<NR>{}, [&](auto i) { hn::StoreU(r[i], df, rope_out + i * N); });
 }
 
 void EncodeRecord(KvFormat f, const float* latent, int latent_dim, const float* rope, int rope_dim, float outer_scale,

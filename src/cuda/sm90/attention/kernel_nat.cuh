@@ -403,14 +403,6 @@ __device__ __forceinline__ int32_t sparse_slot(const AttentionParams& p, int b, 
   return raw >= 0 && raw < p.num_slots ? raw : -1;
 }
 
-// Sparse sets have no pages for TMA boxes: each converter gathers its share of its token
-// t's bytes of `part` (slot: -1 for none) with 16-byte cp.async copies to where the dense
-// path's boxes put them (the 128-byte swizzle for the code and rope rows, the scale field
-// unswizzled at byte 16 t of the half's first block), so the conversions are the dense
-// ones. Role r copies fp8 code box r, the e2m1 code chunks 4 r .. 4 r + 3 and the rope
-// box's chunks 4 r .. 4 r + 3; role 0 the scale field. (Coalesced lanes - consecutive lanes
-// on consecutive chunks of one record -, L2 prefetches a tile ahead and the next part's
-// gathers issued early were each slower: docs/perf.md, ninth session.)
 // One 16-byte gather with cp.async's L2::128B prefetch-size hint: a record's rows are
 // 128-byte runs that start 16-byte aligned, so the hint has L2 fetch the whole line on the
 // first chunk's miss (1.5-3% faster sparse steps than without it, 256B no better: docs/perf.md,
@@ -426,6 +418,14 @@ template <KvFormat F>
 constexpr bool kSparseRopeAsync = F != KvFormat::kBf16 && !rope_converted<F>();
 template <KvFormat F>
 constexpr bool kSparseRopeLate = F != KvFormat::kBf16 && rope_converted<F>();
+// Sparse sets have no pages for TMA boxes: each converter gathers its share of its token
+// t's bytes of `part` (slot: -1 for none) with 16-byte cp.async copies to where the dense
+// path's boxes put them (the 128-byte swizzle for the code and rope rows, the scale field
+// unswizzled at byte 16 t of the half's first block), so the conversions are the dense
+// ones. Role r copies fp8 code box r, the e2m1 code chunks 4 r .. 4 r + 3 and the rope
+// box's chunks 4 r .. 4 r + 3; role 0 the scale field. (Coalesced lanes - consecutive lanes
+// on consecutive chunks of one record -, L2 prefetches a tile ahead and the next part's
+// gathers issued early were each slower: docs/perf.md, ninth session.)
 template <KvFormat F>
 __device__ __forceinline__ void sparse_gather(const uint8_t* cache, int32_t slot, uint8_t* stage, int part, int t, int r) {
   using Q = Quant<F>;
