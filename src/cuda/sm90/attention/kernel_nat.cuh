@@ -59,6 +59,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstring>
 #include <type_traits>
 
 #include "cuda/common/cta_work.cuh"
@@ -240,6 +242,15 @@ constexpr bool rope_converted() {
 template <KvFormat F>
 constexpr bool kNatE2m1 = F == KvFormat::kNvfp4DsMla || F == KvFormat::kNvfp4DsMlaFp8Rope || F == KvFormat::kNvfp4DsMlaInt8Rope;
 
+#ifdef MLAKV_NAT_TRACE
+// A measurement build only (-DMLAKV_NAT_TRACE): clock64 stamps of CTA (0, 0, 0)'s first
+// kTraceTiles tiles, [tile][part][event]: 0 the part's load issued (or, sparse, its gathers
+// started), 1 its bytes staged, 2 converted (converter thread 0 of the stage), 4 + wg its
+// full barrier seen by warpgroup wg, 6 + wg released by wg. nat_launch prints them to
+// stderr at a format's 12th launch (NATTRACE format sparse tile part event cycles).
+constexpr int kTraceTiles = 32;
+__device__ unsigned long long g_nat_trace[kTraceTiles * 3 * 8];
+#endif
 #if MLAKV_SM90_DEVICE
 __device__ __forceinline__ float2 f16x2_to_f32x2(uint32_t x) {
   float lo, hi;
@@ -495,6 +506,14 @@ __global__ void __launch_bounds__(nat::kThreadsOf<F>, 1)
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int split = blockIdx.z;
+#ifdef MLAKV_NAT_TRACE
+  const bool tracer = blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0;
+  auto tr = [&](bool who, int t, int part, int ev) __attribute__((always_inline)) {
+    if (who && tracer && t < kTraceTiles) g_nat_trace[(t * 3 + part) * 8 + ev] = clock64();
+  };
+#else
+  auto tr = [](bool, int, int, int) __attribute__((always_inline)) {};
+#endif
   const CtaWork cw = cta_work<kRows, kTile, kTile>(p);
   const int b = cw.b;
   const int64_t begin = cw.begin, end = cw.end;
@@ -562,6 +581,7 @@ __global__ void __launch_bounds__(nat::kThreadsOf<F>, 1)
             // Every converter gathers its share of its token's bytes (sparse_gather), waits
             // for its copies, and the stage's 128 meet before reading each other's.
             if (u >= 1) ptx::mbar_wait(gp::smem_addr(&empty[part * kStages + k]), (u - 1) & 1);
+            tr(ct == 0, t, part, 0);
             if (part == kPartRope) {
               const uint32_t vb = __ballot_sync(0xFFFFFFFFu, slot >= 0);
               if (role == 0 && lane == 0) reinterpret_cast<uint32_t*>(&vmask[k])[tok >> 5] = vb;
@@ -596,8 +616,10 @@ __global__ void __launch_bounds__(nat::kThreadsOf<F>, 1)
             }
             gp::cp_async_wait_all();  // (a V half: the rope continued above)
             ptx::named_barrier(kBarConv + k, 128);
+            tr(ct == 0, t, part, 1);
           } else if (issuer) {
             if (u >= 1) ptx::mbar_wait(gp::smem_addr(&empty[part * kStages + k]), (u - 1) & 1);
+            tr(ct == 0, t, part, 0);
             if (part == kPartRope) {
               // bf16 ropes land as they are used; an 8-bit rope is staged for the converters
               const uint32_t bar = gp::smem_addr(kRopeConv ? &staged[2 * kStages + k] : &full[kPartRope * kStages + k]);
@@ -636,11 +658,13 @@ __global__ void __launch_bounds__(nat::kThreadsOf<F>, 1)
           if (part != kPartRope) {
             const int h = part - kPartL;
             if (!kSparse) ptx::mbar_wait(gp::smem_addr(&staged[h * kStages + k]), u & 1);
+            tr(!kSparse && ct == 0, t, part, 1);
 #ifndef MLAKV_NAT_ABLATE_CONVERT
             // read_a completes once per converted half: this crew's (2 u + o - 1)-th.
             convert_half<F>(stage + 4 * h * kBlockBytes, tok, role, h, kBarConv + k, gp::smem_addr(&staged[3 * kStages + k]),
                             static_cast<uint32_t>(o - 1));
 #endif
+            tr(ct == 0, t, part, 2);
             ptx::fence_proxy_async();
             ptx::mbar_arrive(gp::smem_addr(&full[part * kStages + k]));
           }
@@ -695,6 +719,7 @@ __global__ void __launch_bounds__(nat::kThreadsOf<F>, 1)
   // wg through a shuffle from lane 0: ptxas then knows it is warp-uniform and keeps the
   // descriptors built from it in uniform registers (no per-wgmma R2UR).
   const int wg = __shfl_sync(0xFFFFFFFFu, warp >> 2, 0), w = warp & 3, ctid = tid & 255, g = lane >> 2, c = lane & 3;
+  const bool lead = (tid & 127) == 0;  // the trace's thread of each warpgroup
   // ---- Q of the 64 rows, bf16, swizzled K-major: thread (row ctid / 4) writes chunks ctid % 4 + 4 k ----
   {
     const int r = ctid >> 2, sub = ctid & 3;
@@ -794,6 +819,7 @@ __global__ void __launch_bounds__(nat::kThreadsOf<F>, 1)
   auto scores_first = [&](int u, bool real) __attribute__((always_inline)) {
     if (real) {
       ptx::mbar_wait(gp::smem_addr(&full[kPartRope * kStages + wg]), u & 1);
+      tr(lead, 2 * u + wg, kPartRope, 4 + wg);
       // A rope gathered by cp.async and signalled by its completion (kSparseRopeAsync):
       // the generic-proxy copies are ordered before this warpgroup's wgmma reads here.
       if constexpr (kSparse && kSparseRopeAsync<F>) ptx::fence_proxy_async();
@@ -802,7 +828,10 @@ __global__ void __launch_bounds__(nat::kThreadsOf<F>, 1)
     ptx::wg_fence();
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) ptx::wgmma_n64_bf16_rs(s, rq[kk], dkr + ((kk * 32) >> 4), kk > 0);
-    if (real) ptx::mbar_wait(gp::smem_addr(&full[part_a * kStages + wg]), u & 1);
+    if (real) {
+      ptx::mbar_wait(gp::smem_addr(&full[part_a * kStages + wg]), u & 1);
+      tr(lead, 2 * u + wg, part_a, 4 + wg);
+    }
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
       // Descriptor + (byte offset >> 4): the start-address field (addr >> 4, 14 bits) never carries.
@@ -812,7 +841,10 @@ __global__ void __launch_bounds__(nat::kThreadsOf<F>, 1)
     ptx::wg_commit();
   };
   auto scores_second = [&](int u, bool real) __attribute__((always_inline)) {
-    if (real) ptx::mbar_wait(gp::smem_addr(&full[part_b * kStages + wg]), u & 1);
+    if (real) {
+      ptx::mbar_wait(gp::smem_addr(&full[part_b * kStages + wg]), u & 1);
+      tr(lead, 2 * u + wg, part_b, 4 + wg);
+    }
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
       const uint32_t qo = ((i >> 2) * kQBlockBytes + (i & 3) * 32) >> 4, ko = ((i >> 2) * kBlockBytes + (i & 3) * 32) >> 4;
@@ -968,6 +1000,7 @@ __global__ void __launch_bounds__(nat::kThreadsOf<F>, 1)
     ptx::wg_wait<0>();
     ptx::wg_hold32(s);
     ptx::mbar_arrive(gp::smem_addr(&empty[kPartRope * kStages + wg]));
+    tr(lead, wg, kPartRope, 6 + wg);
   }
   for (int j = 0; j < n_steps; ++j) {
     const bool more = j + 1 < n_steps;
@@ -1006,9 +1039,11 @@ __global__ void __launch_bounds__(nat::kThreadsOf<F>, 1)
       ptx::wg_wait<0>();
       ptx::wg_hold128(o);
       ptx::mbar_arrive(gp::smem_addr(&empty[kPartL * kStages + 0]));  // V_aL read
+      tr(lead, 2 * j, kPartL, 6);
       scale_o(a1[0], a1[1]);
       // O_L += P_b V_bL (P_b from warpgroup 1, in shared memory).
       pv_other(p1_ready, &full[kPartL * kStages + 1], ph, dp1, dv1);
+      tr(lead, 2 * j + 1, kPartL, 4);
     } else {
       // ---- warpgroup 1: tile b = 2 j + 1 (stage 1; empty past an odd count) ----
       const bool all_whole = mask_tile(2 * j + 1);
@@ -1035,11 +1070,14 @@ __global__ void __launch_bounds__(nat::kThreadsOf<F>, 1)
       ptx::mbar_arrive(gp::smem_addr(p1_ready));
       // O_R += (P_a e^(m0 - m1)) V_aR.
       pv_other(p0_ready, &full[kPartR * kStages + 0], ph, dp0, dv0);
+      tr(lead, 2 * j, kPartR, 5);
       ptx::wg_wait<1>();
       ptx::mbar_arrive(gp::smem_addr(&empty[kPartR * kStages + 1]));  // V_bR read
+      tr(lead, 2 * j + 1, kPartR, 7);
       ptx::wg_wait<0>();
       ptx::wg_hold128(o);
       ptx::mbar_arrive(gp::smem_addr(&empty[kPartR * kStages + 0]));  // V_aR read: warpgroup 0's next scores wait for it
+      tr(lead, 2 * j, kPartR, 7);
     }
     // The next tile's scores (or a discarded repeat over the stage's current bytes).
     // Warpgroup 0's P_b V_bL completes behind the first group, and V_bL goes back before
@@ -1047,12 +1085,18 @@ __global__ void __launch_bounds__(nat::kThreadsOf<F>, 1)
     // warpgroup waits for a release the other makes after its own wait.
     scores_first(j + 1, more);
     ptx::wg_wait<1>();
-    if (wg == 0) ptx::mbar_arrive(gp::smem_addr(&empty[kPartL * kStages + 1]));
+    if (wg == 0) {
+      ptx::mbar_arrive(gp::smem_addr(&empty[kPartL * kStages + 1]));
+      tr(lead, 2 * j + 1, kPartL, 6);
+    }
     scores_second(j + 1, more);
     ptx::wg_wait<0>();
     ptx::wg_hold128(o);
     ptx::wg_hold32(s);
-    if (more) ptx::mbar_arrive(gp::smem_addr(&empty[kPartRope * kStages + wg]));  // its rope block
+    if (more) {
+      ptx::mbar_arrive(gp::smem_addr(&empty[kPartRope * kStages + wg]));  // its rope block
+      tr(lead, 2 * (j + 1) + wg, kPartRope, 6 + wg);
+    }
   }
   // ---- finalize: both warpgroups hold O at the same maximum (m1 of the last step) ----
   float lq[2];
@@ -1191,14 +1235,33 @@ int nat_launch(const kernels::AttentionParams& kp, int row_blocks, void* stream)
   const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(kp.sparse ? kp.B * kp.s_q : kp.B),
                   static_cast<unsigned>(kp.num_splits));
   const cudaStream_t st = static_cast<cudaStream_t>(stream);
+  bool launched = false;
   if constexpr (F != KvFormat::kBf16) {
     if (kp.sparse) {
       attention_nat_kernel<F, true><<<grid, nat::kThreadsOf<F>, nat::kSmemBytes, st>>>(kp, map, map16);
-      return static_cast<int>(cudaGetLastError());
+      launched = true;
     }
   }
-  attention_nat_kernel<F><<<grid, nat::kThreadsOf<F>, nat::kSmemBytes, st>>>(kp, map, map16);
-  return static_cast<int>(cudaGetLastError());
+  if (!launched) attention_nat_kernel<F><<<grid, nat::kThreadsOf<F>, nat::kSmemBytes, st>>>(kp, map, map16);
+  const cudaError_t err = cudaGetLastError();
+#ifdef MLAKV_NAT_TRACE
+  static int launches = 0;  // (per format: one instantiation file each)
+  if (err == cudaSuccess && ++launches == 12) {
+    unsigned long long h[nat::kTraceTiles * 3 * 8];
+    cudaDeviceSynchronize();
+    cudaMemcpyFromSymbol(h, nat::g_nat_trace, sizeof h);
+    unsigned long long t0 = ~0ull;
+    for (unsigned long long v : h) t0 = v != 0 && v < t0 ? v : t0;
+    for (int i = 0; i < nat::kTraceTiles * 3 * 8; ++i) {
+      if (h[i] != 0) {
+        std::fprintf(stderr, "NATTRACE %d %d %d %d %d %llu\n", static_cast<int>(F), kp.sparse ? 1 : 0, i / 24, (i / 8) % 3, i % 8, h[i] - t0);
+      }
+    }
+    std::memset(h, 0, sizeof h);
+    cudaMemcpyToSymbol(nat::g_nat_trace, h, sizeof h);
+  }
+#endif
+  return static_cast<int>(err);
 }
 
 }  // namespace
