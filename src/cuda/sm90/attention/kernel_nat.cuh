@@ -144,19 +144,19 @@ __device__ __forceinline__ int64_t box_row(const AttentionParams& p, int b, int6
 // tokens. One block-table lookup per lane covers the boxes of tiles_per_lookup of this
 // stage's tiles (looked_up: the lane's box of the current round).
 struct TileBoxes {
-  int64_t row;
+  int32_t row;  // (a TMA row coordinate: nat_supports keeps slot ids below 2^31)
   uint32_t valid;
   uint64_t mask;
 };
 __device__ __forceinline__ TileBoxes tile_boxes(const AttentionParams& p, int b, int64_t begin, int64_t end, int t, int u,
-                                                int lane, int br, int n_box, int tiles_per_lookup, int64_t& looked_up) {
+                                                int lane, int br, int n_box, int tiles_per_lookup, int32_t& looked_up) {
   const int64_t pos0 = begin + static_cast<int64_t>(t) * kTile;
   const int ur = u % tiles_per_lookup;
   if (ur == 0) {
     const int64_t pos = pos0 + static_cast<int64_t>(lane / n_box) * 2 * kTile + static_cast<int64_t>(lane % n_box) * br;
-    looked_up = pos < end ? box_row(p, b, pos) : -1;
+    looked_up = pos < end ? static_cast<int32_t>(box_row(p, b, pos)) : -1;
   }
-  const int64_t got = __shfl_sync(0xFFFFFFFFu, looked_up, ur * n_box + (lane < n_box ? lane : 0));
+  const int32_t got = __shfl_sync(0xFFFFFFFFu, looked_up, ur * n_box + (lane < n_box ? lane : 0));
   TileBoxes r{lane < n_box ? got : -1, 0u, 0ull};
   r.valid = __ballot_sync(0xFFFFFFFFu, r.row >= 0);
   if (lane == 0) {
@@ -556,7 +556,7 @@ __global__ void __launch_bounds__(nat::kThreadsOf<F>, 1)
         ptx::prefetch_tensormap(&tmap);
         ptx::prefetch_tensormap(&tmap16);
       }
-      int64_t looked_up = -1;
+      int32_t looked_up = -1;
       uint8_t* stage = ring + k * kStageBytes;
       // Sparse sets: this thread's token of the stage's next tile, looked up a tile ahead.
       int32_t next_slot = kSparse ? sparse_slot(p, b, cw.i_fixed, begin + static_cast<int64_t>(k) * kTile + tok, end) : -1;
@@ -570,7 +570,7 @@ __global__ void __launch_bounds__(nat::kThreadsOf<F>, 1)
         } else if (issuer) {
           tb = tile_boxes(p, b, begin, end, t, u, lane, br, n_box, tiles_per_lookup, looked_up);
         }
-        const int64_t row = tb.row;
+        const int32_t row = tb.row;
         const uint32_t valid = tb.valid;
 #pragma unroll 1
         for (int o = 0; o < 3; ++o) {
@@ -684,12 +684,12 @@ __global__ void __launch_bounds__(nat::kThreadsOf<F>, 1)
     // The parts in the order they are released: the rope block after the scores, then the
     // V half of the warpgroup that computed the scores (its P V comes first).
     const int order[3] = {kPartRope, k == 0 ? kPartL : kPartR, k == 0 ? kPartR : kPartL};
-    int64_t looked_up = -1;  // this lane's box of the current lookup round
+    int32_t looked_up = -1;  // this lane's box of the current lookup round
 
     for (int u = 0; 2 * u + k < 2 * n_steps; ++u) {
       const int t = 2 * u + k;
       const TileBoxes tb = tile_boxes(p, b, begin, end, t, u, lane, br, n_box, tiles_per_lookup, looked_up);
-      const int64_t row = tb.row;
+      const int32_t row = tb.row;
       const uint32_t valid = tb.valid;
       const uint64_t mask = tb.mask;
       const uint32_t dst = gp::smem_addr(ring + k * kStageBytes + lane * br * 128);
