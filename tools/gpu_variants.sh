@@ -25,7 +25,7 @@ DIR=$2
 shift 2
 
 if [ "$cmd" = build ]; then
-  B="${VARIANT_BUILD:-$ROOT/build-cuda}"
+  B="$ROOT/build-cuda"
   [ -f "$B/build.ninja" ] || { echo "error: $B is not a configured CUDA build (see the usage)"; exit 2; }
   [ $(( $# % 2 )) -eq 0 ] && [ $# -ge 2 ] || { echo "error: build takes NAME \"FLAGS\" pairs"; exit 2; }
   srcs=${VARIANT_SOURCES:-"cuda/sm90/attention/instantiations/nat_bf16.cu cuda/sm90/attention/instantiations/nat_fp8_ds_mla.cu cuda/sm90/attention/instantiations/nat_nvfp4_ds_mla.cu cuda/sm90/attention/instantiations/nat_nvfp4_ds_mla_fp8rope.cu cuda/sm90/attention/instantiations/nat_nvfp4_ds_mla_int8rope.cu cuda/smxx/cache_writer.cu"}
