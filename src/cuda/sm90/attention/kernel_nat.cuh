@@ -247,7 +247,8 @@ constexpr bool kNatE2m1 = F == KvFormat::kNvfp4DsMla || F == KvFormat::kNvfp4DsM
 // kTraceTiles tiles, [tile][part][event]: 0 the part's load issued (or, sparse, its gathers
 // started), 1 its bytes staged, 2 converted (converter thread 0 of the stage), 4 + wg its
 // full barrier seen by warpgroup wg, 6 + wg released by wg. nat_launch prints them to
-// stderr at a format's 12th launch (NATTRACE format sparse tile part event cycles).
+// stderr at a format's 12th launch (NATTRACE format sparse tile part event cycles;
+// tools/nat_trace.py tabulates the chain).
 constexpr int kTraceTiles = 32;
 __device__ unsigned long long g_nat_trace[kTraceTiles * 3 * 8];
 #endif
