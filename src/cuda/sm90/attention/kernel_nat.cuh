@@ -59,9 +59,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
+#ifdef MLAKV_NAT_TRACE
 #include <cstdio>
 #include <cstring>
-#include <type_traits>
+#endif
 
 #include "cuda/common/cta_work.cuh"
 #include "cuda/sm80/attention/mma.cuh"  // mlakv::cuda::ptx::smem_addr, pack_bf16x2
@@ -249,8 +251,8 @@ constexpr bool kNatE2m1 = F == KvFormat::kNvfp4DsMla || F == KvFormat::kNvfp4DsM
 // full barrier seen by warpgroup wg, 6 + wg released by wg. nat_launch prints them to
 // stderr at a format's 12th launch (NATTRACE format sparse tile part event cycles;
 // tools/nat_trace.py tabulates the chain).
-constexpr int kTraceTiles = 32;
-__device__ unsigned long long g_nat_trace[kTraceTiles * 3 * 8];
+constexpr int kTraceTiles = 32, kTraceEvents = 8, kTraceSlots = kTraceTiles * kParts * kTraceEvents;
+__device__ unsigned long long g_nat_trace[kTraceSlots];
 #endif
 #if MLAKV_SM90_DEVICE
 __device__ __forceinline__ float2 f16x2_to_f32x2(uint32_t x) {
@@ -510,7 +512,7 @@ __global__ void __launch_bounds__(nat::kThreadsOf<F>, 1)
 #ifdef MLAKV_NAT_TRACE
   const bool tracer = blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0;
   auto tr = [&](bool who, int t, int part, int ev) __attribute__((always_inline)) {
-    if (who && tracer && t < kTraceTiles) g_nat_trace[(t * 3 + part) * 8 + ev] = clock64();
+    if (who && tracer && t < kTraceTiles) g_nat_trace[(t * kParts + part) * kTraceEvents + ev] = clock64();
   };
 #else
   auto tr = [](bool, int, int, int) __attribute__((always_inline)) {};
@@ -1193,6 +1195,34 @@ int nat_ctas_per_sm() {
   return e == cudaSuccess ? n : 0;
 }
 
+// The launch's error; a -DMLAKV_NAT_TRACE build also prints the trace of the format's 12th
+// launch (one instantiation file per format, so one counter each) and clears it.
+template <KvFormat F>
+int nat_launched(const kernels::AttentionParams& kp) {
+  const cudaError_t err = cudaGetLastError();
+#ifdef MLAKV_NAT_TRACE
+  static int launches = 0;
+  if (err == cudaSuccess && ++launches == 12) {
+    unsigned long long h[nat::kTraceSlots];
+    cudaDeviceSynchronize();
+    cudaMemcpyFromSymbol(h, nat::g_nat_trace, sizeof h);
+    unsigned long long t0 = ~0ull;
+    for (unsigned long long v : h) t0 = v != 0 && v < t0 ? v : t0;
+    for (int i = 0; i < nat::kTraceSlots; ++i) {
+      if (h[i] == 0) continue;
+      const int tile = i / (nat::kParts * nat::kTraceEvents), part = (i / nat::kTraceEvents) % nat::kParts;
+      std::fprintf(stderr, "NATTRACE %d %d %d %d %d %llu\n", static_cast<int>(F), kp.sparse ? 1 : 0, tile, part,
+                   i % nat::kTraceEvents, h[i] - t0);
+    }
+    std::memset(h, 0, sizeof h);
+    cudaMemcpyToSymbol(nat::g_nat_trace, h, sizeof h);
+  }
+#else
+  (void)kp;
+#endif
+  return static_cast<int>(err);
+}
+
 // Encodes the cache's tensor maps (kernel comment; a sparse set gathers with cp.async and
 // takes none) and launches on grid (row_blocks, B or B * s_q when sparse, num_splits).
 template <KvFormat F>
@@ -1236,33 +1266,14 @@ int nat_launch(const kernels::AttentionParams& kp, int row_blocks, void* stream)
   const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(kp.sparse ? kp.B * kp.s_q : kp.B),
                   static_cast<unsigned>(kp.num_splits));
   const cudaStream_t st = static_cast<cudaStream_t>(stream);
-  bool launched = false;
   if constexpr (F != KvFormat::kBf16) {
     if (kp.sparse) {
       attention_nat_kernel<F, true><<<grid, nat::kThreadsOf<F>, nat::kSmemBytes, st>>>(kp, map, map16);
-      launched = true;
+      return nat_launched<F>(kp);
     }
   }
-  if (!launched) attention_nat_kernel<F><<<grid, nat::kThreadsOf<F>, nat::kSmemBytes, st>>>(kp, map, map16);
-  const cudaError_t err = cudaGetLastError();
-#ifdef MLAKV_NAT_TRACE
-  static int launches = 0;  // (per format: one instantiation file each)
-  if (err == cudaSuccess && ++launches == 12) {
-    unsigned long long h[nat::kTraceTiles * 3 * 8];
-    cudaDeviceSynchronize();
-    cudaMemcpyFromSymbol(h, nat::g_nat_trace, sizeof h);
-    unsigned long long t0 = ~0ull;
-    for (unsigned long long v : h) t0 = v != 0 && v < t0 ? v : t0;
-    for (int i = 0; i < nat::kTraceTiles * 3 * 8; ++i) {
-      if (h[i] != 0) {
-        std::fprintf(stderr, "NATTRACE %d %d %d %d %d %llu\n", static_cast<int>(F), kp.sparse ? 1 : 0, i / 24, (i / 8) % 3, i % 8, h[i] - t0);
-      }
-    }
-    std::memset(h, 0, sizeof h);
-    cudaMemcpyToSymbol(nat::g_nat_trace, h, sizeof h);
-  }
-#endif
-  return static_cast<int>(err);
+  attention_nat_kernel<F><<<grid, nat::kThreadsOf<F>, nat::kSmemBytes, st>>>(kp, map, map16);
+  return nat_launched<F>(kp);
 }
 
 }  // namespace
