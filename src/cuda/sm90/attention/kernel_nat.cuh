@@ -409,6 +409,72 @@ __device__ __forceinline__ void convert_half(uint8_t* pb, int t, int r, int h, i
   }
 }
 
+// Q of the CTA's 64 rows into shared memory: bf16, swizzled K-major (kQBytes at qs);
+// thread ctid (of 256) writes row ctid / 4's chunks ctid % 4 + 4 k. The e2m1 formats' latent
+// dims carry s_l * 2^7 and each 8-dim chunk's dims in the tile's order (kE2m1Perm). Ends
+// with the proxy fence; the caller's barrier publishes it.
+template <KvFormat F>
+__device__ __forceinline__ void load_q(const AttentionParams& p, const CtaWork& cw, int b, uint8_t* qs, int ctid) {
+  namespace gp = mlakv::cuda::ptx;
+  const int r = ctid >> 2, sub = ctid & 3;
+  const bool ok = cw.row0 + r < cw.rows_req;
+  const int rc = ok ? r : 0;
+  const int64_t off = b * p.q_s0 + static_cast<int64_t>(cw.query(p, rc)) * p.q_s1 + static_cast<int64_t>(cw.head(p, rc)) * p.q_s2;
+  // 16-byte loads where the row is 16-byte aligned (the usual contiguous q), else scalar
+  // ones (any q stride).
+  const uintptr_t qbase = reinterpret_cast<uintptr_t>(p.q);
+  const bool vec = p.q_bf16 ? ((qbase + 2 * off) & 15) == 0 : ((qbase + 4 * off) & 15) == 0;
+#pragma unroll 2
+  for (int k = 0; k < kQkDim / 8 / 4; ++k) {
+    const int ch = sub + 4 * k;  // 16-byte chunk: dims 8 ch .. 8 ch + 7
+    const int64_t d0 = off + 8 * ch;
+    // The e2m1 formats: the latent dims carry s_l * 2^7 (the K tile holds e2m1 * sf * 2^-7):
+    // bf16(q * s_l * 2^7), from f32 q before its rounding, from bf16 q after it.
+    const float ms = kNatE2m1<F> && ch < kLatentDim / 8 ? p.outer_scale * kNvfp4QScale : 1.0f;
+    uint32_t v[4];
+    if (vec && p.q_bf16) {
+      const uint4 u = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.q) + d0);
+      v[0] = u.x, v[1] = u.y, v[2] = u.z, v[3] = u.w;
+    } else if (vec) {
+      const float4 lo = *reinterpret_cast<const float4*>(static_cast<const float*>(p.q) + d0);
+      const float4 hi = *reinterpret_cast<const float4*>(static_cast<const float*>(p.q) + d0 + 4);
+      v[0] = gp::pack_bf16x2(lo.x * ms, lo.y * ms), v[1] = gp::pack_bf16x2(lo.z * ms, lo.w * ms);
+      v[2] = gp::pack_bf16x2(hi.x * ms, hi.y * ms), v[3] = gp::pack_bf16x2(hi.z * ms, hi.w * ms);
+    } else {
+#pragma unroll
+      for (int x = 0; x < 4; ++x) {
+        const int64_t d = d0 + 2 * x;
+        if (p.q_bf16) {
+          const uint16_t* q16 = static_cast<const uint16_t*>(p.q);
+          v[x] = static_cast<uint32_t>(q16[d]) | (static_cast<uint32_t>(q16[d + 1]) << 16);
+        } else {
+          const float* q32 = static_cast<const float*>(p.q);
+          v[x] = gp::pack_bf16x2(q32[d] * ms, q32[d + 1] * ms);
+        }
+      }
+    }
+    if constexpr (kNatE2m1<F>) {
+      if (p.q_bf16 && ms != 1.0f) {
+#pragma unroll
+        for (int x = 0; x < 4; ++x) {
+          v[x] = gp::pack_bf16x2(__uint_as_float(v[x] << 16) * ms, __uint_as_float(v[x] & 0xFFFF0000u) * ms);
+        }
+      }
+    }
+    if constexpr (kNatE2m1<F>) {
+      if (ch < kLatentDim / 8) {  // the e2m1 tile's dim order in a chunk: 0, 4, 1, 5, 2, 6, 3, 7
+        const uint32_t v0 = v[0], v1 = v[1], v2 = v[2], v3 = v[3];
+        v[0] = ptx::prmt(v0, v2, 0x5410), v[1] = ptx::prmt(v0, v2, 0x7632);
+        v[2] = ptx::prmt(v1, v3, 0x5410), v[3] = ptx::prmt(v1, v3, 0x7632);
+      }
+    }
+#pragma unroll
+    for (int x = 0; x < 4; ++x) v[x] = ok ? v[x] : 0u;
+    *reinterpret_cast<uint4*>(qs + (ch >> 3) * kQBlockBytes + sw128(r, 8 * (ch & 7))) = make_uint4(v[0], v[1], v[2], v[3]);
+  }
+  ptx::fence_proxy_async();
+}
+
 // Sparse sets: the slot of position pos of query i's top-k list (-1: past the split or an
 // invalid index, which the tile's mask drops).
 __device__ __forceinline__ int32_t sparse_slot(const AttentionParams& p, int b, int i, int64_t pos, int64_t end) {
@@ -723,66 +789,7 @@ __global__ void __launch_bounds__(nat::kThreadsOf<F>, 1)
   // descriptors built from it in uniform registers (no per-wgmma R2UR).
   const int wg = __shfl_sync(0xFFFFFFFFu, warp >> 2, 0), w = warp & 3, ctid = tid & 255, g = lane >> 2, c = lane & 3;
   const bool lead = (tid & 127) == 0;  // the trace's thread of each warpgroup
-  // ---- Q of the 64 rows, bf16, swizzled K-major: thread (row ctid / 4) writes chunks ctid % 4 + 4 k ----
-  {
-    const int r = ctid >> 2, sub = ctid & 3;
-    const bool ok = cw.row0 + r < cw.rows_req;
-    const int rc = ok ? r : 0;
-    const int64_t off = b * p.q_s0 + static_cast<int64_t>(cw.query(p, rc)) * p.q_s1 + static_cast<int64_t>(cw.head(p, rc)) * p.q_s2;
-    // 16-byte loads where the row is 16-byte aligned (the usual contiguous q), else scalar
-    // ones (any q stride).
-    const uintptr_t qbase = reinterpret_cast<uintptr_t>(p.q);
-    const bool vec = p.q_bf16 ? ((qbase + 2 * off) & 15) == 0 : ((qbase + 4 * off) & 15) == 0;
-#pragma unroll 2
-    for (int k = 0; k < kQkDim / 8 / 4; ++k) {
-      const int ch = sub + 4 * k;  // 16-byte chunk: dims 8 ch .. 8 ch + 7
-      const int64_t d0 = off + 8 * ch;
-      // The e2m1 formats: the latent dims carry s_l * 2^7 (the K tile holds e2m1 * sf * 2^-7):
-      // bf16(q * s_l * 2^7), from f32 q before its rounding, from bf16 q after it.
-      const float ms = kNatE2m1<F> && ch < kLatentDim / 8 ? p.outer_scale * kNvfp4QScale : 1.0f;
-      uint32_t v[4];
-      if (vec && p.q_bf16) {
-        const uint4 u = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.q) + d0);
-        v[0] = u.x, v[1] = u.y, v[2] = u.z, v[3] = u.w;
-      } else if (vec) {
-        const float4 lo = *reinterpret_cast<const float4*>(static_cast<const float*>(p.q) + d0);
-        const float4 hi = *reinterpret_cast<const float4*>(static_cast<const float*>(p.q) + d0 + 4);
-        v[0] = gp::pack_bf16x2(lo.x * ms, lo.y * ms), v[1] = gp::pack_bf16x2(lo.z * ms, lo.w * ms);
-        v[2] = gp::pack_bf16x2(hi.x * ms, hi.y * ms), v[3] = gp::pack_bf16x2(hi.z * ms, hi.w * ms);
-      } else {
-#pragma unroll
-        for (int x = 0; x < 4; ++x) {
-          const int64_t d = d0 + 2 * x;
-          if (p.q_bf16) {
-            const uint16_t* q16 = static_cast<const uint16_t*>(p.q);
-            v[x] = static_cast<uint32_t>(q16[d]) | (static_cast<uint32_t>(q16[d + 1]) << 16);
-          } else {
-            const float* q32 = static_cast<const float*>(p.q);
-            v[x] = gp::pack_bf16x2(q32[d] * ms, q32[d + 1] * ms);
-          }
-        }
-      }
-      if constexpr (kNatE2m1<F>) {
-        if (p.q_bf16 && ms != 1.0f) {
-#pragma unroll
-          for (int x = 0; x < 4; ++x) {
-            v[x] = gp::pack_bf16x2(__uint_as_float(v[x] << 16) * ms, __uint_as_float(v[x] & 0xFFFF0000u) * ms);
-          }
-        }
-      }
-      if constexpr (kNatE2m1<F>) {
-        if (ch < kLatentDim / 8) {  // the e2m1 tile's dim order in a chunk: 0, 4, 1, 5, 2, 6, 3, 7
-          const uint32_t v0 = v[0], v1 = v[1], v2 = v[2], v3 = v[3];
-          v[0] = ptx::prmt(v0, v2, 0x5410), v[1] = ptx::prmt(v0, v2, 0x7632);
-          v[2] = ptx::prmt(v1, v3, 0x5410), v[3] = ptx::prmt(v1, v3, 0x7632);
-        }
-      }
-#pragma unroll
-      for (int x = 0; x < 4; ++x) v[x] = ok ? v[x] : 0u;
-      *reinterpret_cast<uint4*>(qs + (ch >> 3) * kQBlockBytes + sw128(r, 8 * (ch & 7))) = make_uint4(v[0], v[1], v[2], v[3]);
-    }
-    ptx::fence_proxy_async();
-  }
+  load_q<F>(p, cw, b, qs, ctid);
   ptx::named_barrier(kBarAll, 256);
 
   const int r0 = 16 * w + g;  // this thread's rows: r0, r0 + 8
@@ -1149,7 +1156,27 @@ __global__ void __launch_bounds__(nat::kThreadsOf<F>, 1)
 #endif  // MLAKV_SM90_DEVICE
 }
 
+}  // namespace
+}  // namespace mlakv::cuda::sm90
+
+#include "cuda/sm90/attention/kernel_nat_rs.cuh"
+
+namespace mlakv::cuda::sm90 {
+namespace {
+
 // ---- host side (instantiations/nat_<format>.cu) ----
+
+// Whether format F's dense (kSparse false) or sparse sets run the register-staged kernel
+// (kernel_nat_rs.cuh) instead of the in-place converters: where it measured faster
+// (docs/perf.md, twelfth session) - every sparse set, the dense e2m1 formats; fp8_ds_mla's
+// dense sets keep the in-place converters (their 656-byte records' loads cost the
+// register-staged form 3-5%). MLAKV_NAT_RS=0 (never) and 2 (always) build measurement variants.
+#ifndef MLAKV_NAT_RS
+#define MLAKV_NAT_RS 1
+#endif
+template <KvFormat F, bool kSparse>
+constexpr bool kNatRs = F != KvFormat::kBf16 &&
+                        (MLAKV_NAT_RS == 2 || (MLAKV_NAT_RS == 1 && (kSparse || F != KvFormat::kFp8DsMla)));
 
 // cuTensorMapEncodeTiled from the driver the runtime loaded (null where it has none).
 inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
@@ -1178,10 +1205,16 @@ constexpr int nat_record_bytes() {
 
 template <KvFormat F>
 int nat_configure() {
-  cudaError_t e = cudaFuncSetAttribute(attention_nat_kernel<F>, cudaFuncAttributeMaxDynamicSharedMemorySize, nat::kSmemBytes);
-  if constexpr (F != KvFormat::kBf16) {  // the sparse instantiation (quantized formats only)
+  // The kernels this format launches: the dense one, and for the quantized formats the sparse one.
+  // (if constexpr throughout: a kernel the format never launches is not instantiated.)
+  auto set = [](auto kernel, int bytes) { return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes); };
+  cudaError_t e = cudaSuccess;
+  if constexpr (kNatRs<F, false>) e = set(attention_nat_rs_kernel<F, false>, nat::kRsSmemBytes);
+  else e = set(attention_nat_kernel<F, false>, nat::kSmemBytes);
+  if constexpr (F != KvFormat::kBf16) {
     if (e == cudaSuccess) {
-      e = cudaFuncSetAttribute(attention_nat_kernel<F, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, nat::kSmemBytes);
+      if constexpr (kNatRs<F, true>) e = set(attention_nat_rs_kernel<F, true>, nat::kRsSmemBytes);
+      else e = set(attention_nat_kernel<F, true>, nat::kSmemBytes);
     }
   }
   return static_cast<int>(e);
@@ -1191,7 +1224,9 @@ template <KvFormat F>
 int nat_ctas_per_sm() {
   if (nat_configure<F>() != 0) return 0;
   int n = 0;
-  const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attention_nat_kernel<F>, nat::kThreadsOf<F>, nat::kSmemBytes);
+  cudaError_t e = cudaSuccess;
+  if constexpr (kNatRs<F, false>) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attention_nat_rs_kernel<F, false>, nat::kRsThreads, nat::kRsSmemBytes);
+  else e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attention_nat_kernel<F>, nat::kThreadsOf<F>, nat::kSmemBytes);
   return e == cudaSuccess ? n : 0;
 }
 
@@ -1230,50 +1265,67 @@ int nat_launch(const kernels::AttentionParams& kp, int row_blocks, void* stream)
   if (kp.token_scale || !nat_supports(F, kp.block_size, kp.num_slots, kp.sparse) || kp.record_bytes != nat_record_bytes<F>()) {
     return static_cast<int>(cudaErrorInvalidValue);
   }
-  CUtensorMap map{}, map16{};
-  CUresult r = CUDA_SUCCESS;
-  const PFN_cuTensorMapEncodeTiled_v12000 encode = kp.sparse ? nullptr : tensor_map_encoder();
-  if (!kp.sparse && encode == nullptr) return static_cast<int>(cudaErrorNotSupported);
-  const cuuint32_t rows = static_cast<cuuint32_t>(std::min(kp.block_size, nat::kTile));
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(kp.record_bytes)};
-  const cuuint32_t elem[2] = {1, 1};
-  if (kp.sparse) {
-    // no tensor maps
-  } else if constexpr (F == KvFormat::kBf16) {
-    // The cache as a [num_slots, 576] bf16 matrix (rows record_bytes apart); boxes of 64
-    // dims (128 B, the swizzle span) x min(block_size, 64) slots.
-    const cuuint64_t dims[2] = {static_cast<cuuint64_t>(kQkDim), static_cast<cuuint64_t>(kp.num_slots)};
-    const cuuint32_t box[2] = {64, rows};
-    r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<uint8_t*>(kp.cache), dims, strides, box, elem,
-               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    map16 = map;  // unused
-  } else {
-    // The cache as a [num_slots, record_bytes] byte matrix: boxes of 128 bytes (128-byte
-    // swizzle: code and rope boxes) and of 16 bytes (the scale field), x min(block_size, 64) slots.
-    const cuuint64_t dims[2] = {static_cast<cuuint64_t>(kp.record_bytes), static_cast<cuuint64_t>(kp.num_slots)};
-    const cuuint32_t box[2] = {128, rows}, box16[2] = {16, rows};
-    r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<uint8_t*>(kp.cache), dims, strides, box, elem,
-               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (r == CUDA_SUCCESS) {
-      r = encode(&map16, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<uint8_t*>(kp.cache), dims, strides, box16, elem,
-                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE,
-                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    }
-  }
-  if (r != CUDA_SUCCESS) return static_cast<int>(cudaErrorInvalidValue);
   const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(kp.sparse ? kp.B * kp.s_q : kp.B),
                   static_cast<unsigned>(kp.num_splits));
   const cudaStream_t st = static_cast<cudaStream_t>(stream);
-  if constexpr (F != KvFormat::kBf16) {
+  // The register-staged kernel takes no tensor maps.
+  if constexpr (kNatRs<F, true>) {
     if (kp.sparse) {
-      attention_nat_kernel<F, true><<<grid, nat::kThreadsOf<F>, nat::kSmemBytes, st>>>(kp, map, map16);
+      attention_nat_rs_kernel<F, true><<<grid, nat::kRsThreads, nat::kRsSmemBytes, st>>>(kp);
       return nat_launched<F>(kp);
     }
   }
-  attention_nat_kernel<F><<<grid, nat::kThreadsOf<F>, nat::kSmemBytes, st>>>(kp, map, map16);
-  return nat_launched<F>(kp);
+  if constexpr (kNatRs<F, false>) {
+    if (!kp.sparse) {
+      attention_nat_rs_kernel<F, false><<<grid, nat::kRsThreads, nat::kRsSmemBytes, st>>>(kp);
+      return nat_launched<F>(kp);
+    }
+  }
+  if constexpr (kNatRs<F, false> && kNatRs<F, true>) {
+    return static_cast<int>(cudaErrorInvalidValue);  // (unreachable: both sets launched above)
+  } else {
+    CUtensorMap map{}, map16{};
+    CUresult r = CUDA_SUCCESS;
+    const PFN_cuTensorMapEncodeTiled_v12000 encode = kp.sparse ? nullptr : tensor_map_encoder();
+    if (!kp.sparse && encode == nullptr) return static_cast<int>(cudaErrorNotSupported);
+    const cuuint32_t rows = static_cast<cuuint32_t>(std::min(kp.block_size, nat::kTile));
+    const cuuint64_t strides[1] = {static_cast<cuuint64_t>(kp.record_bytes)};
+    const cuuint32_t elem[2] = {1, 1};
+    if (kp.sparse) {
+      // no tensor maps
+    } else if constexpr (F == KvFormat::kBf16) {
+      // The cache as a [num_slots, 576] bf16 matrix (rows record_bytes apart); boxes of 64
+      // dims (128 B, the swizzle span) x min(block_size, 64) slots.
+      const cuuint64_t dims[2] = {static_cast<cuuint64_t>(kQkDim), static_cast<cuuint64_t>(kp.num_slots)};
+      const cuuint32_t box[2] = {64, rows};
+      r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<uint8_t*>(kp.cache), dims, strides, box, elem,
+                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+      map16 = map;  // unused
+    } else {
+      // The cache as a [num_slots, record_bytes] byte matrix: boxes of 128 bytes (128-byte
+      // swizzle: code and rope boxes) and of 16 bytes (the scale field), x min(block_size, 64) slots.
+      const cuuint64_t dims[2] = {static_cast<cuuint64_t>(kp.record_bytes), static_cast<cuuint64_t>(kp.num_slots)};
+      const cuuint32_t box[2] = {128, rows}, box16[2] = {16, rows};
+      r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<uint8_t*>(kp.cache), dims, strides, box, elem,
+                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+      if (r == CUDA_SUCCESS) {
+        r = encode(&map16, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<uint8_t*>(kp.cache), dims, strides, box16, elem,
+                   CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+      }
+    }
+    if (r != CUDA_SUCCESS) return static_cast<int>(cudaErrorInvalidValue);
+    if constexpr (F != KvFormat::kBf16 && !kNatRs<F, true>) {
+      if (kp.sparse) {
+        attention_nat_kernel<F, true><<<grid, nat::kThreadsOf<F>, nat::kSmemBytes, st>>>(kp, map, map16);
+        return nat_launched<F>(kp);
+      }
+    }
+    attention_nat_kernel<F><<<grid, nat::kThreadsOf<F>, nat::kSmemBytes, st>>>(kp, map, map16);
+    return nat_launched<F>(kp);
+  }
 }
 
 }  // namespace
