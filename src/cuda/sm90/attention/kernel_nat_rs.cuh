@@ -323,11 +323,12 @@ __global__ void __launch_bounds__(nat::kRsThreads, 1)
   const int wg = __shfl_sync(0xFFFFFFFFu, warp >> 2, 0), w = warp & 3, ctid = tid & 255, g = lane >> 2, c = lane & 3;
   const int r0 = 16 * w + g, ra = r0, rb = r0 + 8;  // this thread's rows
   const uint32_t q_addr = gp::smem_addr(qs), ring_addr = gp::smem_addr(ring);
+  // Q, by both consumer warpgroups, before they part (one barrier instruction for both).
+  load_q<F>(p, cw, b, qs, ctid);
+  ptx::named_barrier(kBarAll, 256);
   // (Each warpgroup's code after its setmaxnreg stays in its own branch: ptxas allocates a
   // region at the smallest budget that reaches it.)
   auto start = [&](float (&o)[128]) __attribute__((always_inline)) {
-    load_q<F>(p, cw, b, qs, ctid);
-    ptx::named_barrier(kBarAll, 256);
 #pragma unroll
     for (int i = 0; i < 128; ++i) o[i] = 0.0f;
     ptx::wg_hold128(o);
