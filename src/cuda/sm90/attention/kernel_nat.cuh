@@ -5,6 +5,8 @@
 // quantized formats' bytes are staged by TMA inside the tile's own column blocks and
 // converted there in place by two converter warpgroups (below).
 //
+// (The quantized formats' sparse sets and dense e2m1 sets run the register-staged form of this
+// kernel instead, kernel_nat_rs.cuh; kNatRs below says which.)
 // One CTA = 64 query rows x one KV split of one request (rows i * H + h), 384 threads for
 // bf16, 512 for the quantized formats:
 //  - the quantized formats (Quant<F>): warps 8 + 4 k .. 11 + 4 k convert the tiles of
