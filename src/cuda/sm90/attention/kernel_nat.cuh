@@ -477,6 +477,46 @@ __device__ __forceinline__ void load_q(const AttentionParams& p, const CtaWork& 
   ptx::fence_proxy_async();
 }
 
+// Writes this thread's two rows (ra, rb) of a consumer warpgroup's O half (wg: dims 256 wg ..)
+// as O / l, and their LSE m + log2 l (log2 domain) where write_lse; rows past the request are
+// skipped. The e2m1 formats: V holds e2m1 * sf * 2^-7, so s_l * 2^7 comes back here, and the
+// tile's columns 8 j + 2 c, 8 j + 2 c + 1 hold dims 8 j + c, 8 j + c + 4.
+// row_sum(h, r): row r's sum l (read only for rows of the request).
+template <KvFormat F, class RowSum>
+__device__ __forceinline__ void store_rows(const AttentionParams& p, const CtaWork& cw, int b, int split, const float (&o)[128],
+                                           RowSum&& row_sum, const float (&m)[2], int ra, int rb, int wg, int c, bool write_lse) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = h ? rb : ra;
+    const float l = row_sum(h, r);
+    if (cw.row0 + r >= cw.rows_req) continue;
+    const bool is_empty = l == 0.0f;
+    const float inv_l = is_empty ? 0.0f : (kNatE2m1<F> ? p.outer_scale * kNvfp4QScale : 1.0f) / l;
+    const float lse = is_empty ? -INFINITY : (m[h] + log2f(l)) * kLn2;
+    const int i = cw.query(p, r), hh = cw.head(p, r);
+    float* dst = result_row(p, b, split, i, hh, lse, write_lse);
+    dst += 256 * wg + 2 * c;
+    if constexpr (kNatE2m1<F>) {
+      float* d = dst - c;
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        d[8 * j] = o[4 * j + 2 * h] * inv_l;
+        d[8 * j + 4] = o[4 * j + 2 * h + 1] * inv_l;
+      }
+    } else if ((reinterpret_cast<uintptr_t>(dst) & 7) == 0) {
+      // 8-byte stores: a quad writes whole 32-byte sectors.
+#pragma unroll
+      for (int j = 0; j < 32; ++j) *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(o[4 * j + 2 * h] * inv_l, o[4 * j + 2 * h + 1] * inv_l);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        dst[8 * j] = o[4 * j + 2 * h] * inv_l;
+        dst[8 * j + 1] = o[4 * j + 2 * h + 1] * inv_l;
+      }
+    }
+  }
+}
+
 // Sparse sets: the slot of position pos of query i's top-k list (-1: past the split or an
 // invalid index, which the tile's mask drops).
 __device__ __forceinline__ int32_t sparse_slot(const AttentionParams& p, int b, int i, int64_t pos, int64_t end) {
@@ -1122,39 +1162,9 @@ __global__ void __launch_bounds__(nat::kThreadsOf<F>, 1)
   if (c == 0) sl[wg * 64 + ra] = lq[0], sl[wg * 64 + rb] = lq[1];
   ptx::mbar_arrive(gp::smem_addr(l_ready));
   ptx::mbar_wait(gp::smem_addr(l_ready), 0);
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = h ? rb : ra;
-    const float l = sl[r] + sl[64 + r];
-    if (cw.row0 + r >= cw.rows_req) continue;
-    const bool is_empty = l == 0.0f;
-    // (The e2m1 formats: V holds e2m1 * sf * 2^-7, s_l * 2^7 comes back here.)
-    const float inv_l = is_empty ? 0.0f : (kNatE2m1<F> ? p.outer_scale * kNvfp4QScale : 1.0f) / l;
-    const float lse = is_empty ? -INFINITY : (m_run[h] + log2f(l)) * kLn2;
-    const int i = cw.query(p, r), hh = cw.head(p, r);
-    const bool lse_here = wg == 0 && c == 0;
-    float* dst = result_row(p, b, split, i, hh, lse, lse_here);
-    dst += 256 * wg + 2 * c;
-    if constexpr (kNatE2m1<F>) {
-      // The e2m1 tile's columns 8 j + 2 c, 8 j + 2 c + 1 hold dims 8 j + c, 8 j + c + 4.
-      float* d = dst - c;
-#pragma unroll
-      for (int j = 0; j < 32; ++j) {
-        d[8 * j] = o[4 * j + 2 * h] * inv_l;
-        d[8 * j + 4] = o[4 * j + 2 * h + 1] * inv_l;
-      }
-    } else if ((reinterpret_cast<uintptr_t>(dst) & 7) == 0) {
-      // 8-byte stores: a quad writes whole 32-byte sectors.
-#pragma unroll
-      for (int j = 0; j < 32; ++j) *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(o[4 * j + 2 * h] * inv_l, o[4 * j + 2 * h + 1] * inv_l);
-    } else {
-#pragma unroll
-      for (int j = 0; j < 32; ++j) {
-        dst[8 * j] = o[4 * j + 2 * h] * inv_l;
-        dst[8 * j + 1] = o[4 * j + 2 * h + 1] * inv_l;
-      }
-    }
-  }
+  store_rows<F>(
+      p, cw, b, split, o, [&](int, int r) __attribute__((always_inline)) { return sl[r] + sl[64 + r]; }, m_run, ra, rb, wg, c,
+      wg == 0 && c == 0);
 #endif  // MLAKV_SM90_DEVICE
 }
 

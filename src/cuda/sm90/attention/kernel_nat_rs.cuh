@@ -349,36 +349,9 @@ __global__ void __launch_bounds__(nat::kRsThreads, 1)
   };
   // ---- finalize: O / l, the LSE from warpgroup 0 ----
   auto finish = [&](const float (&o)[128], const float (&l_fin)[2], const float (&m_fin)[2]) __attribute__((always_inline)) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = h ? rb : ra;
-      const float l = l_fin[h];
-      if (cw.row0 + r >= cw.rows_req) continue;
-      const bool is_empty = l == 0.0f;
-      const float inv_l = is_empty ? 0.0f : (kNatE2m1<F> ? p.outer_scale * kNvfp4QScale : 1.0f) / l;
-      const float lse = is_empty ? -INFINITY : (m_fin[h] + log2f(l)) * kLn2;
-      const int i = cw.query(p, r), hh = cw.head(p, r);
-      float* dst = result_row(p, b, split, i, hh, lse, wg == 0 && c == 0);
-      dst += 256 * wg + 2 * c;
-      if constexpr (kNatE2m1<F>) {
-        // The e2m1 tile's columns 8 j + 2 c, 8 j + 2 c + 1 hold dims 8 j + c, 8 j + c + 4.
-        float* d = dst - c;
-#pragma unroll
-        for (int j = 0; j < 32; ++j) {
-          d[8 * j] = o[4 * j + 2 * h] * inv_l;
-          d[8 * j + 4] = o[4 * j + 2 * h + 1] * inv_l;
-        }
-      } else if ((reinterpret_cast<uintptr_t>(dst) & 7) == 0) {
-#pragma unroll
-        for (int j = 0; j < 32; ++j) *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(o[4 * j + 2 * h] * inv_l, o[4 * j + 2 * h + 1] * inv_l);
-      } else {
-#pragma unroll
-        for (int j = 0; j < 32; ++j) {
-          dst[8 * j] = o[4 * j + 2 * h] * inv_l;
-          dst[8 * j + 1] = o[4 * j + 2 * h + 1] * inv_l;
-        }
-      }
-    }
+    store_rows<F>(
+        p, cw, b, split, o, [&](int h, int) __attribute__((always_inline)) { return l_fin[h]; }, m_fin, ra, rb, wg, c,
+        wg == 0 && c == 0);
   };
 
   if (wg == 0) {
