@@ -301,6 +301,30 @@ __device__ __forceinline__ uint4 e2m1x8_to_bf16(uint32_t w, uint32_t sc) {
 // fp8 code chunks loaded together (1, 2 or 4): 2 in the converters' 32 registers (the e2m1
 // converters load 2 at a time).
 constexpr int kFp8ConvBatch = MLAKV_NAT_FP8_BATCH;
+// Sixteen 8-bit rope codes (a 16-byte chunk: e4m3, or int8 for nvfp4_ds_mla_int8rope) times the
+// rope scale rs as bf16, two 16-byte output chunks: bf16(code * rs), the reference decode
+// rounded as the bf16 emulation does.
+template <KvFormat F>
+__device__ __forceinline__ void rope8x16_to_bf16(const uint4& v, float rs, uint4& lo, uint4& hi) {
+  namespace gp = mlakv::cuda::ptx;
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+  uint32_t o[8];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    float x[4];
+    if constexpr (F == KvFormat::kNvfp4DsMlaInt8Rope) {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) x[k] = static_cast<float>(static_cast<int32_t>(w[i] << (24 - 8 * k)) >> 24);
+    } else {
+      const float2 a = f16x2_to_f32x2(ptx::e4m3x2_to_f16x2(w[i])), b2 = f16x2_to_f32x2(ptx::e4m3x2_hi_to_f16x2(w[i]));
+      x[0] = a.x, x[1] = a.y, x[2] = b2.x, x[3] = b2.y;
+    }
+    o[2 * i] = gp::pack_bf16x2(x[0] * rs, x[1] * rs);
+    o[2 * i + 1] = gp::pack_bf16x2(x[2] * rs, x[3] * rs);
+  }
+  lo = make_uint4(o[0], o[1], o[2], o[3]);
+  hi = make_uint4(o[4], o[5], o[6], o[7]);
+}
 // The 368-byte records: converts token t's 8-bit rope staged in the rope block at `rb` (one
 // 128-byte box row from record byte 240, 128-byte swizzle) in place to 64 bf16, two
 // converters per token: role r turns code chunks 4 + 2 r, 5 + 2 r (dims 32 r .. 32 r + 31)
@@ -318,27 +342,13 @@ __device__ __forceinline__ void convert_rope(uint8_t* rb, int t, int r, int bar)
 #pragma unroll
   for (int q = 0; q < 2; ++q) v[q] = *reinterpret_cast<const uint4*>(chunk(4 + 2 * r + q));
   ptx::named_barrier(bar, 128);
-  namespace gp = mlakv::cuda::ptx;
 #pragma unroll
   for (int q = 0; q < 2; ++q) {  // code chunk 4 + 2 r + q: dims 16 (2 r + q) .. + 15 -> output chunks 2 (2 r + q), + 1
-    const uint32_t w[4] = {v[q].x, v[q].y, v[q].z, v[q].w};
-    uint32_t o[8];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      float x[4];
-      if constexpr (F == KvFormat::kNvfp4DsMlaInt8Rope) {
-#pragma unroll
-        for (int k = 0; k < 4; ++k) x[k] = static_cast<float>(static_cast<int32_t>(w[i] << (24 - 8 * k)) >> 24);
-      } else {
-        const float2 a = f16x2_to_f32x2(ptx::e4m3x2_to_f16x2(w[i])), b2 = f16x2_to_f32x2(ptx::e4m3x2_hi_to_f16x2(w[i]));
-        x[0] = a.x, x[1] = a.y, x[2] = b2.x, x[3] = b2.y;
-      }
-      o[2 * i] = gp::pack_bf16x2(x[0] * rs, x[1] * rs);
-      o[2 * i + 1] = gp::pack_bf16x2(x[2] * rs, x[3] * rs);
-    }
+    uint4 lo, hi;
+    rope8x16_to_bf16<F>(v[q], rs, lo, hi);
     const int c = 2 * (2 * r + q);
-    *reinterpret_cast<uint4*>(chunk(c)) = make_uint4(o[0], o[1], o[2], o[3]);
-    *reinterpret_cast<uint4*>(chunk(c + 1)) = make_uint4(o[4], o[5], o[6], o[7]);
+    *reinterpret_cast<uint4*>(chunk(c)) = lo;
+    *reinterpret_cast<uint4*>(chunk(c + 1)) = hi;
   }
 }
 
@@ -475,6 +485,17 @@ __device__ __forceinline__ void load_q(const AttentionParams& p, const CtaWork& 
     *reinterpret_cast<uint4*>(qs + (ch >> 3) * kQBlockBytes + sw128(r, 8 * (ch & 7))) = make_uint4(v[0], v[1], v[2], v[3]);
   }
   ptx::fence_proxy_async();
+}
+
+// The row sums of a thread's two rows over its quad (the four threads holding a row).
+__device__ __forceinline__ void quad_row_sums(const float (&in)[2], float (&out)[2]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float l = in[h];
+    l += __shfl_xor_sync(0xFFFFFFFFu, l, 1);
+    l += __shfl_xor_sync(0xFFFFFFFFu, l, 2);
+    out[h] = l;
+  }
 }
 
 // Writes this thread's two rows (ra, rb) of a consumer warpgroup's O half (wg: dims 256 wg ..)
@@ -1152,13 +1173,7 @@ __global__ void __launch_bounds__(nat::kThreadsOf<F>, 1)
   }
   // ---- finalize: both warpgroups hold O at the same maximum (m1 of the last step) ----
   float lq[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float l = l_run[h];
-    l += __shfl_xor_sync(0xFFFFFFFFu, l, 1);
-    l += __shfl_xor_sync(0xFFFFFFFFu, l, 2);
-    lq[h] = l;
-  }
+  quad_row_sums(l_run, lq);
   if (c == 0) sl[wg * 64 + ra] = lq[0], sl[wg * 64 + rb] = lq[1];
   ptx::mbar_arrive(gp::smem_addr(l_ready));
   ptx::mbar_wait(gp::smem_addr(l_ready), 0);

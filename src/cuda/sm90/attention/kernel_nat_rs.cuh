@@ -191,27 +191,13 @@ __device__ __forceinline__ void rs_convert(const RsRaw<F>& raw, uint8_t* st, int
     return;
   } else if constexpr (R::kRope8) {
     // rope codes 32 k + 16 r .. + 15 -> output chunks 4 k + 2 r, + 1: bf16(code * rs) (convert_rope)
-    const float rs = raw.rope_scale;
 #pragma unroll
     for (int k = 0; k < R::kRopeLoads; ++k) {
-      const uint32_t w[4] = {raw.rope[k].x, raw.rope[k].y, raw.rope[k].z, raw.rope[k].w};
-      uint32_t o[8];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        float x[4];
-        if constexpr (F == KvFormat::kNvfp4DsMlaInt8Rope) {
-#pragma unroll
-          for (int q = 0; q < 4; ++q) x[q] = static_cast<float>(static_cast<int32_t>(w[i] << (24 - 8 * q)) >> 24);
-        } else {
-          const float2 a = f16x2_to_f32x2(ptx::e4m3x2_to_f16x2(w[i])), b2 = f16x2_to_f32x2(ptx::e4m3x2_hi_to_f16x2(w[i]));
-          x[0] = a.x, x[1] = a.y, x[2] = b2.x, x[3] = b2.y;
-        }
-        o[2 * i] = gp::pack_bf16x2(x[0] * rs, x[1] * rs);
-        o[2 * i + 1] = gp::pack_bf16x2(x[2] * rs, x[3] * rs);
-      }
+      uint4 lo, hi;
+      rope8x16_to_bf16<F>(raw.rope[k], raw.rope_scale, lo, hi);
       const int c = 4 * k + 2 * r;
-      *reinterpret_cast<uint4*>(chunk(8, c)) = make_uint4(o[0], o[1], o[2], o[3]);
-      *reinterpret_cast<uint4*>(chunk(8, c + 1)) = make_uint4(o[4], o[5], o[6], o[7]);
+      *reinterpret_cast<uint4*>(chunk(8, c)) = lo;
+      *reinterpret_cast<uint4*>(chunk(8, c + 1)) = hi;
     }
   } else {
     // bf16 rope bytes 32 k + 16 r .. + 15: chunk 2 k + r of the rope row, as they are
@@ -444,13 +430,7 @@ __global__ void __launch_bounds__(nat::kRsThreads, 1)
       ptx::mbar_arrive(gp::smem_addr(&empty[k]));
     }
     float l_fin[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float l = l_run[h];
-      l += __shfl_xor_sync(0xFFFFFFFFu, l, 1);
-      l += __shfl_xor_sync(0xFFFFFFFFu, l, 2);
-      l_fin[h] = l;
-    }
+    quad_row_sums(l_run, l_fin);
     if (c == 0) sl[ra] = l_fin[0], sl[rb] = l_fin[1];
     ptx::mbar_arrive(gp::smem_addr(l_ready));
     finish(o, l_fin, m_run);
