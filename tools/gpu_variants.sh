@@ -30,9 +30,10 @@ if [ "$cmd" = build ]; then
   [ $(( $# % 2 )) -eq 0 ] && [ $# -ge 2 ] || { echo "error: build takes NAME \"FLAGS\" pairs"; exit 2; }
   srcs=${VARIANT_SOURCES:-"cuda/sm90/attention/instantiations/nat_bf16.cu cuda/sm90/attention/instantiations/nat_fp8_ds_mla.cu cuda/sm90/attention/instantiations/nat_nvfp4_ds_mla.cu cuda/sm90/attention/instantiations/nat_nvfp4_ds_mla_fp8rope.cu cuda/sm90/attention/instantiations/nat_nvfp4_ds_mla_int8rope.cu cuda/smxx/cache_writer.cu"}
   cmake --build "$B" --target bench_cuda cuda_harness >/dev/null
-  for s in $srcs; do  # ar replaces members by name: each object's name must be unique in the archive
-    [ "$(ar t "$B/src/libmlakv_cuda.a" | grep -cxF "$(basename "$s").o")" = 1 ] ||
-      { echo "error: $(basename "$s").o is not one member of libmlakv_cuda.a: rename the source or relink by hand"; exit 2; }
+  for s in $srcs; do  # ar replaces the first member of a name: it must be this source's object
+    o=$(find "$B/src/CMakeFiles" -path "*/$s.o" | head -2)
+    [ "$(echo "$o" | wc -l)" = 1 ] && [ -n "$o" ] && cmp -s "$o" <(ar p "$B/src/libmlakv_cuda.a" "$(basename "$s").o") ||
+      { echo "error: the first $(basename "$s").o in libmlakv_cuda.a is not src/$s's object: rename the source or relink by hand"; exit 2; }
   done
   mkdir -p "$DIR"
   DIR=$(cd "$DIR" && pwd)

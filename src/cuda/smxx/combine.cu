@@ -2,13 +2,15 @@
 // partials {o, lse} from the workspace. Shared by every attention path.
 //
 // The rule is attn_state.h's (lse = log sum_k exp(lse_k), o = sum_k exp(lse_k - lse) o_k,
-// a part of zero weight dropped unread, only empty parts -> o = 0, lse = -inf), computed
-// in the order that keeps every load independent: first the row's lse values (one load
-// per thread, all in flight together) and their maximum m, then w_k = exp(lse_k - m) and
-// o = sum_k w_k o_k / sum_k w_k with the o_k loads issued in batches of 8 per thread and
-// the splits spread over up to 4 thread groups. (The running merge of AttnState chains
-// every load behind the previous merge: about one L2 round trip per split, which at 32-64
-// splits cost more than the attention kernel itself; docs/perf.md "tp".)
+// a part of zero weight dropped unused, only empty parts -> o = 0, lse = -inf), computed
+// in the order that keeps every load independent: the row's lse values (one load per
+// thread) and the first batch of o_k (8 per thread, splits spread over up to 4 thread
+// groups) all in flight together, then the lse maximum m, w_k = exp(lse_k - m) and
+// o = sum_k w_k o_k / sum_k w_k, later batches (over 32 splits) loaded where w_k != 0:
+// one L2 round trip before the sums up to 32 splits (docs/perf.md, thirteenth session).
+// (The running merge of AttnState chains every load behind the previous merge: about one
+// L2 round trip per split, which at 32-64 splits cost more than the attention kernel
+// itself; docs/perf.md "tp".)
 //
 // On sm_90 the API layer launches this kernel as a programmatic dependent of the
 // attention kernel (launch attribute programmaticStreamSerialization; the sm90 kernels
@@ -48,6 +50,18 @@ __global__ void __launch_bounds__(kGroupThreads* kMaxGroups) combine_kernel(cons
   const int64_t b = row / (static_cast<int64_t>(p.H) * p.s_q);
   float* dst = p.out + b * p.o_s0 + i * p.o_s1 + h * p.o_s2;
 
+  // The first batch of o_k loads goes out with the lse loads (the weights only decide
+  // whether a part is used, not where it is): one L2 round trip before the sums instead
+  // of two for up to kBatch x groups (32) splits. A part of zero weight is loaded but
+  // never used (its bytes may be anything: empty splits write no o).
+  float4 v0[kBatch];
+#pragma unroll
+  for (int j = 0; j < kBatch; ++j) {
+    const int k = grp + j * groups;
+    v0[j] = k < splits ? reinterpret_cast<const float4*>(p.part_o + (k * p.rows + row) * kLatentDim)[t]
+                       : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+
   // ---- the row's lse values and their maximum ----
   float m = -INFINITY;
   for (int k = tid; k < splits; k += nthreads) {
@@ -80,8 +94,12 @@ __global__ void __launch_bounds__(kGroupThreads* kMaxGroups) combine_kernel(cons
     for (int j = 0; j < kBatch; ++j) {
       const int k = k0 + j * groups;
       wv[j] = k < splits ? w_s[k] : 0.0f;
-      v[j] = wv[j] != 0.0f ? reinterpret_cast<const float4*>(p.part_o + (k * p.rows + row) * kLatentDim)[t]
-                           : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (k0 == grp) {
+        v[j] = v0[j];
+      } else {
+        v[j] = wv[j] != 0.0f ? reinterpret_cast<const float4*>(p.part_o + (k * p.rows + row) * kLatentDim)[t]
+                             : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
     }
 #pragma unroll
     for (int j = 0; j < kBatch; ++j) {
