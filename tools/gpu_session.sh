@@ -3,7 +3,7 @@
 # package, runs the harness + compute-sanitizer + the CUDA benchmark (tools/gpu_check.sh),
 # the Python package's tests on CUDA tensors (torch) and, when .ext/flashmla is carried
 # (../shared/tools/flashmla-bench/prepare.sh), with FlashMLA built and importable (the interop
-# tests), then FlashMLA's benchmark on the same GPU right after mlakv's. Logs under $OUT.
+# tests), then FlashMLA's benchmark on the same GPU right after mlakv's. Logs under $OUT (all of them in logs.tar.xz).
 #   usage (device tool): bash tools/gpu_session.sh        carry: .debs [.ext]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -82,4 +82,8 @@ if [ -n "${fm_waited:-}" ]; then
     --out "$OUT/flashmla.json" >"$OUT/flashmla.log" 2>&1; echo "flashmla bench exit $?"; tail -25 "$OUT/flashmla.log"
   stamp "flashmla done"
 fi
+# The device tool returns a limited number of files: every log goes back in one archive, with the
+# few a reader opens first left beside it.
+( cd "$OUT" && tar -cJf logs.tar.xz --exclude=logs.tar.xz . && find . -maxdepth 1 -type f ! -name logs.tar.xz \
+    ! -name bench.log ! -name bench.json ! -name flashmla.log ! -name harness.log -delete ) || true
 exit $rc
